@@ -120,6 +120,8 @@ class ResourcesConfig(Strict):
     reference: RoleResources = _res(0.25)
     reward: RoleResources = _res(0.25)
     advantages: RoleResources = _res(0.25)
+    # Recomputes old log-probs with the trainer's current weights (the paper's ActorFwd); cpus 0 = not started.
+    actor_fwd: RoleResources = _res(0.0)
 
 
 class BusConfig(Strict):
@@ -132,6 +134,9 @@ class ExperimentConfig(Strict):
     name: str
     profile: str = "cpu"
     mode: Literal["colocate", "async"] = "async"
+    # relax: our service schedule. verl / openrlhf: EMULATED schedules of those frameworks' documented
+    # dataflow, run with our kernels at CPU scale (labelled as emulations in results and plots).
+    schedule: Literal["relax", "verl", "openrlhf"] = "relax"
     max_staleness: int = Field(1, ge=0)
     steps: int = Field(8, ge=1)
     seed: int = 0
