@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from baselines import openrlhf, verl
+from baselines.common import default_out
 from relax.config import load_config
 
 FRAMEWORKS = {"verl": verl, "openrlhf": openrlhf}
@@ -48,7 +49,7 @@ def cmd_baseline(args) -> int:
     try:
         cfg = load_config(args.config, args.overrides)
         mode = args.mode or DEFAULT_MODE[fw][cfg.mode]
-        out = Path(args.out or f"results/baselines/{fw}/{cfg.name}/{mode}").resolve()
+        out = Path(args.out).resolve() if args.out else default_out(fw, cfg, mode)
         plan = FRAMEWORKS[fw].translate(cfg, mode, out)
     except (ValueError, OSError) as err:  # bad config or path, or what the framework cannot express
         print(f"relax baseline: {err}", file=sys.stderr)

@@ -60,6 +60,11 @@ class LaunchPlan:
         return "\n".join(lines + [f"{args} \\\n    2>&1 | tee {shlex.quote(log_name)}", ""])
 
 
+def default_out(framework: str, cfg: ExperimentConfig, mode: str) -> Path:
+    """Where `relax baseline` writes a launch unless told otherwise (absolute: the launch names its files)."""
+    return Path(f"results/baselines/{framework}/{cfg.name}/{mode}").resolve()
+
+
 def reward_source() -> str:
     """The reward file every baseline launch ships (task.reward: math_verify)."""
     return (Path(__file__).parent / REWARD_FILE).read_text()

@@ -283,6 +283,13 @@ def test_dry_run_prints_the_command_and_writes_its_files(tmp_path, capsys):
     assert (out / "train.log").read_text().splitlines() == ["PYTHONUNBUFFERED=1", *plan.command[1:]]
 
 
+def test_files_default_to_the_results_folder_by_absolute_path(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    plan = openrlhf.translate(load_config(ASYNC), "async")
+    where = tmp_path.resolve() / "results/baselines/openrlhf/async/async" / REWARD_FILE
+    assert _flags(plan.command)["--reward.remote_url"] == [str(where)]
+
+
 def test_dry_run_takes_overrides_and_a_mode(tmp_path, capsys):
     out = tmp_path / "o"
     argv = ["baseline", "openrlhf", str(COLOCATE), "model.path=/nfs/qwen", "--mode", "colocate", "--dry-run",

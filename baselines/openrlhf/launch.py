@@ -20,17 +20,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from baselines.common import (MAX_PROMPT_TOKENS, REWARD_FILE, ROLLOUT_MEM_FRACTION, LaunchPlan, check, gpus, nodes,
-                              reward_source, rollout_tp, total_gpus)
+from baselines.common import (MAX_PROMPT_TOKENS, REWARD_FILE, ROLLOUT_MEM_FRACTION, LaunchPlan, check, default_out,
+                              gpus, nodes, reward_source, rollout_tp, total_gpus)
 from relax.config import ExperimentConfig
 
 MODES = {"colocate": "colocate", "async": "async"}
 LOSS_AGG = ("token-mean", "seq-mean-token-mean")
 
 
-def translate(cfg: ExperimentConfig, mode: str, files_dir: str | Path) -> LaunchPlan:
-    """OpenRLHF's launch of `cfg` in `mode`; `files_dir` is where the plan's config_files will be written."""
+def translate(cfg: ExperimentConfig, mode: str, files_dir: str | Path | None = None) -> LaunchPlan:
+    """OpenRLHF's launch of `cfg` in `mode`; `files_dir` is where the plan's config_files will be
+    written (default: `default_out`)."""
     check(cfg, "openrlhf", mode, MODES)
+    files_dir = Path(files_dir or default_out("openrlhf", cfg, mode))
     a, r, t = cfg.algorithm, cfg.rollout, cfg.training
     if a.loss_agg not in LOSS_AGG:
         raise ValueError(f"algorithm.loss_agg: OpenRLHF aggregates {LOSS_AGG}, not {a.loss_agg!r}")
@@ -60,7 +62,7 @@ def translate(cfg: ExperimentConfig, mode: str, files_dir: str | Path) -> Launch
         *(["--algo.kl.use_loss", "--algo.kl.estimator", a.kl_estimator] if a.kl_coef > 0 else []),
         "--actor.adam.lr", t.lr, "--actor.adam.betas", *t.betas, "--actor.adam.weight_decay", t.weight_decay,
         "--actor.max_norm", t.grad_clip, "--actor.lr_scheduler", "constant", "--actor.lr_warmup_ratio", 0,
-        "--reward.remote_url", str(Path(files_dir) / REWARD_FILE),
+        "--reward.remote_url", str(files_dir / REWARD_FILE),
         "--vllm.gpu_memory_utilization", ROLLOUT_MEM_FRACTION,
         *_placement(cfg, mode),
     ]

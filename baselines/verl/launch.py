@@ -23,7 +23,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from baselines.common import (MAX_PROMPT_TOKENS, REWARD_FILE, ROLLOUT_MEM_FRACTION, TRAIN_TP, LaunchPlan, check,
-                              gpus, nodes, reward_source, rollout_tp, total_gpus)
+                              default_out, gpus, nodes, reward_source, rollout_tp, total_gpus)
 from relax.config import ExperimentConfig
 
 MODES = {"colocate": "colocate", "one_step_off": "async", "fully_async": "async"}
@@ -36,12 +36,14 @@ ENTRY = {
 }
 
 
-def translate(cfg: ExperimentConfig, mode: str, files_dir: str | Path) -> LaunchPlan:
-    """veRL's launch of `cfg` in `mode`; `files_dir` is where the plan's config_files will be written."""
+def translate(cfg: ExperimentConfig, mode: str, files_dir: str | Path | None = None) -> LaunchPlan:
+    """veRL's launch of `cfg` in `mode`; `files_dir` is where the plan's config_files will be
+    written (default: `default_out`)."""
     check(cfg, "verl", mode, MODES)
+    files_dir = Path(files_dir or default_out("verl", cfg, mode))
     if mode == "one_step_off" and cfg.max_staleness != 1:
         raise ValueError(f"max_staleness: verl one_step_off always trains one step behind; got {cfg.max_staleness}")
-    overrides = _common(cfg, Path(files_dir)) | _placement(cfg, mode)
+    overrides = _common(cfg, files_dir) | _placement(cfg, mode)
     command = ["python3", "-m", *ENTRY[mode], *(f"{k}={_hydra(v)}" for k, v in overrides.items())]
     return LaunchPlan(command=command, env={"PYTHONUNBUFFERED": "1"}, config_files={REWARD_FILE: reward_source()})
 
