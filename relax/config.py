@@ -52,6 +52,8 @@ class WarmupConfig(Strict):
     lr: float = Field(3e-3, gt=0)
     # Fraction of warm-up targets replaced by a wrong answer, so RL starts imperfect and has room to learn.
     label_noise: float = Field(0.0, ge=0, le=1)
+    # One thread by default: multi-threaded torch collapses when other processes share the cores.
+    threads: int = Field(1, ge=1)
 
 
 class TaskConfig(Strict):

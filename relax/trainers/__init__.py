@@ -1,0 +1,10 @@
+from relax.trainers.torch_trainer import (
+    TorchTrainer,
+    budget_slices,
+    compute_log_probs,
+    pack,
+    pad_right,
+    token_log_probs,
+)
+
+__all__ = ["TorchTrainer", "compute_log_probs", "budget_slices", "pack", "pad_right", "token_log_probs"]

@@ -1,0 +1,233 @@
+"""The controller: starts the roles as Ray actors, runs the chosen schedule, and writes the run's results.
+
+It only orchestrates (start, step counters, teardown); data moves between roles through the bus and
+weights through the weight store. Results follow DESIGN.md section 7:
+`<out>/<experiment>/<profile>/<run>/{config.yaml, metrics.jsonl, trace.json, summary.json}`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+import ray
+import torch
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from relax.bus import Bus
+from relax.config import ExperimentConfig, dump_config
+from relax.metrics.telemetry import Telemetry, busy_seconds, chrome_trace
+from relax.models.warmup import warmup_state
+from relax.roles.actor import ActorRole
+from relax.roles.advantages import AdvantagesRole
+from relax.roles.reference import ReferenceRole
+from relax.roles.reward import RewardRole
+from relax.roles.rollout import RolloutRole
+from relax.weights.store import WeightStore
+
+log = logging.getLogger(__name__)
+ROLE_CLASSES = {"rollout": RolloutRole, "reward": RewardRole, "reference": ReferenceRole,
+                "advantages": AdvantagesRole, "actor": ActorRole}
+
+
+def make_run_dir(cfg: ExperimentConfig, out: str | Path, run: str | None = None) -> Path:
+    run = run or time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
+    path = Path(out) / cfg.name / cfg.profile / run
+    path.mkdir(parents=True, exist_ok=False)
+    return path
+
+
+@dataclass
+class RaySession:
+    """A private local Ray instance (own temp dir) that is always shut down."""
+
+    num_cpus: int
+    temp_dir: str = field(default_factory=lambda: tempfile.mkdtemp(prefix="relax-ray-", dir="/tmp"))
+
+    def __enter__(self):
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # no token written under ~/.ray for a local run
+        ray.init(num_cpus=self.num_cpus, include_dashboard=False, _temp_dir=self.temp_dir,
+                 logging_level=logging.WARNING, log_to_driver=True)
+        return self
+
+    def __exit__(self, *exc):
+        ray.shutdown()
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+class MemoryMeter:
+    """Peak proportional set size of the driver and every process it started (the whole Ray session)."""
+
+    def __init__(self):
+        self.me = psutil.Process()
+        self.peak = 0
+
+    def sample(self) -> None:
+        total = 0
+        for p in [self.me, *self.me.children(recursive=True)]:
+            try:
+                info = p.memory_full_info()
+                total += getattr(info, "pss", info.rss)
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        self.peak = max(self.peak, total)
+
+
+class Controller:
+    def __init__(self, cfg: ExperimentConfig, run_dir: Path, progress: bool = True):
+        self.cfg = cfg
+        self.run_dir = run_dir
+        self.progress = progress
+        self.roles: dict[str, ray.actor.ActorHandle] = {}
+        self.records: dict[int, dict] = {}
+        self.colocate_extra: dict[int, dict] = {}
+        self.memory = MemoryMeter()
+
+    # --- set-up ------------------------------------------------------------------------------------------
+    def role_names(self) -> list[str]:
+        names = ["rollout", "reward", "advantages", "actor"]
+        if self.cfg.algorithm.kl_coef > 0:
+            names.insert(2, "reference")
+        return names
+
+    def start_roles(self, initial_state) -> None:
+        cfg = self.cfg
+        self.bus = Bus.start(cfg.bus, cfg.rollout.group_size, cfg.max_staleness)
+        self.telemetry = Telemetry.remote()
+        self.weights = WeightStore.remote()
+        ray.get(self.weights.publish.remote(0, [ray.put(initial_state)]))
+        for name in self.role_names():
+            res = getattr(cfg.resources, name)
+            cls = ROLE_CLASSES[name]
+            self.roles[name] = cls.options(num_cpus=res.cpus, name=f"relax-{name}").remote(
+                cfg, self.bus, self.telemetry, self.weights, res.threads)
+        ray.get([r.ready.remote() for r in self.roles.values()])
+
+    # --- schedules ---------------------------------------------------------------------------------------
+    def run_async(self, bar) -> None:
+        futures = {r.run.remote(self.cfg.steps): n for n, r in self.roles.items()}
+        actor_done = False
+        pending = list(futures)
+        while not actor_done:
+            done, pending = ray.wait(pending, timeout=0.5)
+            for ref in done:
+                ray.get(ref)  # re-raises a role's failure here, naming it
+                actor_done |= futures[ref] == "actor"
+            self.poll(bar)
+        ray.get(pending)
+
+    def run_colocate(self, bar) -> None:
+        rollout = self.roles["rollout"]
+        for k in range(self.cfg.steps):
+            wake_s = ray.get(rollout.wake.remote(k)) if k > 0 else 0.0
+            ray.get(rollout.generate_partition.remote(k))
+            sleep = ray.get(rollout.sleep.remote())
+            for name in self.role_names()[1:-1]:  # reward, reference, advantages: one after the other
+                ray.get(self.roles[name].process_partition.remote(k))
+            ray.get(self.roles["actor"].train_partition.remote(k))
+            self.colocate_extra[k] = {"sleep_wake_s": wake_s + sleep["sleep_s"], "freed_bytes": sleep["freed_bytes"]}
+            self.poll(bar)
+
+    # --- metrics -----------------------------------------------------------------------------------------
+    def poll(self, bar) -> None:
+        self.memory.sample()
+        _, steps = ray.get(self.telemetry.snapshot.remote(10**9))
+        for k in sorted(steps):
+            if k not in self.records:
+                self.records[k] = steps[k]
+                bar.update(self.task_id, advance=1, reward=steps[k]["reward_mean"])
+
+    def write_metrics(self, t_start: float, spans: list[dict]) -> list[dict]:
+        rows, prev_end = [], t_start
+        names = self.role_names()
+        with open(self.run_dir / "metrics.jsonl", "w") as f:
+            for k in sorted(self.records):
+                rec = dict(self.records[k])
+                end = rec.pop("end_time")
+                row = {"step": k, "wall_time_s": round(end - t_start, 4), "step_time_s": round(end - prev_end, 4),
+                       **{key: v for key, v in rec.items() if key != "step"},
+                       "busy_s": busy_seconds(spans, prev_end, end, names), **self.colocate_extra.get(k, {})}
+                prev_end = end
+                rows.append(row)
+                f.write(json.dumps(row) + "\n")
+        return rows
+
+    def write_summary(self, rows: list[dict], t_start: float, spans: list[dict], account: list[int]) -> dict:
+        cfg = self.cfg
+        train_s = rows[-1]["wall_time_s"]
+        steady = rows[1:] or rows  # step 0 includes pipeline fill
+        step_time = sum(r["step_time_s"] for r in steady) / len(steady)
+        busy_total = busy_seconds(spans, t_start, t_start + train_s, self.role_names())
+        busy_per_step = {n: sum(r["busy_s"][n] for r in steady) / len(steady) for n in self.role_names()}
+        slowest = max(busy_per_step.values())
+        expected = set(range(cfg.steps * cfg.rows_per_step))
+        tail = rows[-max(1, len(rows) // 4):]
+        summary = {
+            "experiment": cfg.name, "profile": cfg.profile, "mode": cfg.mode, "max_staleness": cfg.max_staleness,
+            "steps": len(rows),
+            "train_time_s": round(train_s, 3),
+            "steps_per_hour": round(3600 * len(rows) / train_s, 3),
+            "tokens_per_s": round(sum(r["tokens"] for r in rows) / train_s, 3),
+            "samples_per_s": round(sum(r["samples"] for r in rows) / train_s, 3),
+            "mean_step_time_s": round(step_time, 4),
+            "initial_reward": rows[0]["reward_mean"],
+            "final_reward": sum(r["reward_mean"] for r in tail) / len(tail),
+            "staleness_max": max(r["staleness_max"] for r in rows),
+            "trainer_wait_share": round(sum(r["trainer_wait_s"] for r in steady) / sum(r["step_time_s"] for r in steady), 4),
+            "busy_share": {n: round(v / train_s, 4) for n, v in busy_total.items()},
+            "busy_per_step_s": {n: round(v, 4) for n, v in busy_per_step.items()},
+            # Throughput against the bound set by the slowest role: 1.0 means that role never idles.
+            "pipeline_efficiency": round(slowest / step_time, 4),
+            "peak_memory_mb": round(self.memory.peak / 2**20, 1),
+            "samples_trained": len(account),
+            "samples_lost": len(expected - set(account)),
+            "samples_duplicated": len(account) - len(set(account)),
+            "environment": {"cpus": os.cpu_count(), "torch": torch.__version__, "ray": ray.__version__,
+                            "python": platform.python_version(), "machine": platform.machine(),
+                            "hardware": f"{os.cpu_count()}-core CPU, no GPU"},
+        }
+        if self.colocate_extra:
+            summary["sleep_wake_s_mean"] = round(
+                sum(v["sleep_wake_s"] for v in self.colocate_extra.values()) / len(self.colocate_extra), 4)
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        return summary
+
+    # --- entry point -------------------------------------------------------------------------------------
+    def run(self) -> dict:
+        cfg = self.cfg
+        (self.run_dir / "config.yaml").write_text(dump_config(cfg))
+        state = warmup_state(cfg, progress=self.progress)
+        with RaySession(num_cpus=max(8, os.cpu_count() or 2)):
+            try:
+                self.start_roles(state)
+                columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                           TextColumn("reward {task.fields[reward]:.3f}"), TimeElapsedColumn()]
+                with Progress(*columns, disable=not self.progress, transient=False) as bar:
+                    self.task_id = bar.add_task(f"{cfg.name} [{cfg.mode}]", total=cfg.steps, reward=0.0)
+                    t_start = time.time()
+                    (self.run_async if cfg.mode == "async" else self.run_colocate)(bar)
+                    self.poll(bar)
+                spans = ray.get(self.telemetry.all_spans.remote())
+                account = ray.get(self.roles["actor"].sample_account.remote())
+            finally:
+                for r in self.roles.values():
+                    ray.kill(r)
+                if hasattr(self, "bus"):
+                    self.bus.close()
+        (self.run_dir / "trace.json").write_text(json.dumps(chrome_trace(spans, t_start)))
+        rows = self.write_metrics(t_start, spans)
+        return self.write_summary(rows, t_start, spans, account)
+
+
+def run_experiment(cfg: ExperimentConfig, out: str | Path = "results", run: str | None = None,
+                   progress: bool = True) -> tuple[Path, dict]:
+    run_dir = make_run_dir(cfg, out, run)
+    return run_dir, Controller(cfg, run_dir, progress).run()

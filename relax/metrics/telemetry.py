@@ -1,0 +1,88 @@
+"""Spans and per-step records from every role, gathered by one Telemetry actor.
+
+Each role keeps a `SpanRecorder`; spans (role, name, start, end, step) are shipped in small batches so
+the controller can compute per-role busy time for each training step and write a Chrome trace at the end.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+
+import ray
+
+
+class SpanRecorder:
+    def __init__(self, role: str, telemetry, flush_every: int = 8):
+        self.role = role
+        self.telemetry = telemetry
+        self.flush_every = flush_every
+        self.pending: list[dict] = []
+
+    @contextmanager
+    def span(self, name: str, step: int | None = None, **args):
+        t0 = time.time()
+        try:
+            yield args
+        finally:
+            self.pending.append({"role": self.role, "name": name, "start": t0, "end": time.time(), "step": step,
+                                 "args": args})
+            if len(self.pending) >= self.flush_every:
+                self.flush()
+
+    def flush(self) -> None:
+        if self.pending and self.telemetry is not None:
+            self.telemetry.add_spans.remote(self.pending)
+        self.pending = []
+
+
+@ray.remote(num_cpus=0)
+class Telemetry:
+    def __init__(self):
+        self.spans: list[dict] = []
+        self.steps: dict[int, dict] = {}
+
+    def add_spans(self, spans: list[dict]) -> None:
+        self.spans.extend(spans)
+
+    def add_step(self, record: dict) -> None:
+        self.steps[record["step"]] = record
+
+    def snapshot(self, since_span: int = 0) -> tuple[list[dict], dict[int, dict]]:
+        return self.spans[since_span:], dict(self.steps)
+
+    def all_spans(self) -> list[dict]:
+        return list(self.spans)
+
+
+def busy_seconds(spans: list[dict], t0: float, t1: float, roles: list[str]) -> dict[str, float]:
+    """Seconds each role spent inside spans, clipped to the window [t0, t1] (overlapping spans merged)."""
+    out = {}
+    for role in roles:
+        ivs = sorted((max(s["start"], t0), min(s["end"], t1)) for s in spans if s["role"] == role)
+        total, cur_lo, cur_hi = 0.0, None, None
+        for lo, hi in ivs:
+            if hi <= lo:
+                continue
+            if cur_hi is None or lo > cur_hi:
+                if cur_hi is not None:
+                    total += cur_hi - cur_lo
+                cur_lo, cur_hi = lo, hi
+            else:
+                cur_hi = max(cur_hi, hi)
+        if cur_hi is not None:
+            total += cur_hi - cur_lo
+        out[role] = round(total, 4)
+    return out
+
+
+def chrome_trace(spans: list[dict], t0: float) -> dict:
+    """Chrome trace format (chrome://tracing, Perfetto): one lane (tid) per role."""
+    roles = sorted({s["role"] for s in spans})
+    lane = {r: i for i, r in enumerate(roles)}
+    events = [{"name": "thread_name", "ph": "M", "pid": 1, "tid": lane[r], "args": {"name": r}} for r in roles]
+    for s in spans:
+        events.append({"name": s["name"], "ph": "X", "pid": 1, "tid": lane[s["role"]],
+                       "ts": round((s["start"] - t0) * 1e6), "dur": round((s["end"] - s["start"]) * 1e6),
+                       "args": {"step": s["step"], **s["args"]}})
+    return {"traceEvents": events, "displayTimeUnit": "ms"}

@@ -1,0 +1,30 @@
+"""Reward: grades each response with the task's rule-based scorer and writes the `rewards` field."""
+
+from __future__ import annotations
+
+import ray
+import torch
+
+from relax.roles.base import Role
+from relax.tasks import make_task
+
+
+@ray.remote
+class RewardRole(Role):
+    name = "reward"
+    task = "reward"
+    fields = ["prompt_index", "response_ids"]
+
+    def __init__(self, cfg, bus, telemetry, weights, threads):
+        super().__init__(cfg, bus, telemetry, weights, threads)
+        from relax.models import build_tokenizer
+
+        self.data = make_task(cfg.task, cfg.seed, "train")
+        self.tokenizer = build_tokenizer(cfg.model)
+
+    def compute(self, batch):
+        scores = []
+        for idx, resp in zip(batch["prompt_index"].tolist(), batch["response_ids"]):
+            text = self.tokenizer.decode(resp)
+            scores.append(float(self.data.score(self.data[idx], text)))
+        return {"rewards": torch.tensor(scores, dtype=torch.float32)}

@@ -1,0 +1,130 @@
+"""The CPU trainer: log-prob recompute and policy-gradient updates over a transformers causal LM.
+
+Sequences are packed as prompt + response, right-padded (causal attention makes trailing pads inert).
+A training step is a stream of micro-batches (gradients accumulate) followed by one optimizer step; the
+loss of each micro-batch is scaled by the whole step's token/sequence counts so accumulation is exact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from relax.algorithms import LossScale, aggregate, check_config, get_policy_loss, kl_penalty
+from relax.config import ExperimentConfig
+
+
+@dataclass
+class Packed:
+    input_ids: torch.Tensor  # [B, L]
+    attention_mask: torch.Tensor  # [B, L]
+    resp_pos: torch.Tensor  # [B, T] positions of the logits that predict each response token
+    resp_ids: torch.Tensor  # [B, T]
+    mask: torch.Tensor  # [B, T] float, 1 on real response tokens
+
+
+def pad_right(seqs: list[torch.Tensor], value: float = 0.0, dtype=None) -> torch.Tensor:
+    T = max((len(s) for s in seqs), default=0)
+    out = torch.full((len(seqs), max(T, 1)), value, dtype=dtype or seqs[0].dtype)
+    for i, s in enumerate(seqs):
+        out[i, : len(s)] = s
+    return out
+
+
+def pack(prompts: list[torch.Tensor], responses: list[torch.Tensor], pad_id: int) -> Packed:
+    B = len(prompts)
+    L = max(len(p) + len(r) for p, r in zip(prompts, responses))
+    T = max(max(len(r) for r in responses), 1)
+    ids = torch.full((B, L), pad_id, dtype=torch.long)
+    attn = torch.zeros((B, L), dtype=torch.long)
+    pos = torch.zeros((B, T), dtype=torch.long)
+    rid = torch.full((B, T), pad_id, dtype=torch.long)
+    mask = torch.zeros((B, T))
+    for i, (p, r) in enumerate(zip(prompts, responses)):
+        n, m = len(p), len(r)
+        ids[i, :n] = p
+        ids[i, n : n + m] = r
+        attn[i, : n + m] = 1
+        pos[i, :m] = torch.arange(n - 1, n + m - 1)
+        rid[i, :m] = r
+        mask[i, :m] = 1.0
+    return Packed(ids, attn, pos, rid, mask)
+
+
+def token_log_probs(model, packed: Packed, temperature: float) -> torch.Tensor:
+    """log pi(response token | prefix) under softmax(logits / T), [B, T], zero on padding."""
+    logits = model(input_ids=packed.input_ids, attention_mask=packed.attention_mask).logits
+    idx = packed.resp_pos[..., None].expand(-1, -1, logits.size(-1))
+    picked = logits.gather(1, idx).float() / temperature
+    lp = torch.log_softmax(picked, dim=-1).gather(-1, packed.resp_ids[..., None]).squeeze(-1)
+    return lp * packed.mask
+
+
+class TorchTrainer:
+    def __init__(self, model, pad_id: int, cfg: ExperimentConfig):
+        self.model = model.float().train()
+        self.pad_id = pad_id
+        self.cfg = cfg
+        t = cfg.training
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=t.lr, betas=t.betas, weight_decay=t.weight_decay)
+        check_config(cfg.algorithm)  # a misspelt algorithm.params key fails now, not silently later
+        self.loss_fn = get_policy_loss(cfg.algorithm.policy_loss)
+        self.temperature = cfg.rollout.temperature
+
+    def log_probs(self, prompts: list[torch.Tensor], responses: list[torch.Tensor], token_budget: int) -> list[torch.Tensor]:
+        return compute_log_probs(self.model, self.pad_id, prompts, responses, self.temperature, token_budget)
+
+    def accumulate(self, mb: dict, scale: LossScale) -> dict[str, float]:
+        """Forward + backward of one micro-batch; gradients accumulate until `step()`."""
+        packed = pack(mb["prompt_ids"], mb["response_ids"], self.pad_id)
+        logp = token_log_probs(self.model, packed, self.temperature)
+        old = pad_right(mb["old_log_probs"], dtype=torch.float32)
+        adv = pad_right(mb["advantages"], dtype=torch.float32)
+        rollout_lp = pad_right(mb["rollout_log_probs"], dtype=torch.float32) if "rollout_log_probs" in mb else None
+        loss, metrics = self.loss_fn(logp, old, adv, packed.mask, self.cfg.algorithm, loss_scale=scale,
+                                     rollout_log_probs=rollout_lp)
+        a = self.cfg.algorithm
+        if a.kl_coef > 0 and "ref_log_probs" in mb:
+            kl = kl_penalty(logp, pad_right(mb["ref_log_probs"], dtype=torch.float32), a.kl_estimator)
+            kl_loss = aggregate(kl, packed.mask, a.loss_agg, scale)
+            loss = loss + a.kl_coef * kl_loss
+            metrics["kl"] = float((kl.detach() * packed.mask).sum() / packed.mask.sum().clamp(min=1))
+        loss.backward()
+        metrics["loss"] = float(loss.detach())
+        return metrics
+
+    def step(self) -> dict[str, float]:
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.training.grad_clip)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        return {"grad_norm": float(grad_norm)}
+
+
+@torch.no_grad()
+def compute_log_probs(model, pad_id: int, prompts: list[torch.Tensor], responses: list[torch.Tensor],
+                      temperature: float, token_budget: int) -> list[torch.Tensor]:
+    """Per-token log-probs of each response (no grad), micro-batched by token budget."""
+    was_training = model.training
+    model.eval()
+    out: list[torch.Tensor] = []
+    for lo, hi in budget_slices([len(p) + len(r) for p, r in zip(prompts, responses)], token_budget):
+        packed = pack(prompts[lo:hi], responses[lo:hi], pad_id)
+        lp = token_log_probs(model, packed, temperature)
+        out.extend(lp[i, : len(r)].clone() for i, r in enumerate(responses[lo:hi]))
+    model.train(was_training)
+    return out
+
+
+def budget_slices(lengths: list[int], budget: int) -> list[tuple[int, int]]:
+    """Consecutive [lo, hi) slices whose padded size (rows x longest row) stays within `budget` tokens."""
+    out, lo, longest = [], 0, 0
+    for i, n in enumerate(lengths):
+        longest_next = max(longest, n)
+        if i > lo and longest_next * (i - lo + 1) > budget:
+            out.append((lo, i))
+            lo, longest_next = i, n
+        longest = longest_next
+    if lo < len(lengths):
+        out.append((lo, len(lengths)))
+    return out

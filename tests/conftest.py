@@ -1,0 +1,22 @@
+import os
+import tempfile
+
+import pytest
+
+# Never touch the network, and keep caches (warm-up weights, converted models) inside the test session.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _relax_cache(tmp_path_factory):
+    # Warm-up caches are keyed by config hash, so sharing the user's cache is safe and saves minutes;
+    # RELAX_TEST_CACHE isolates a CI run completely when set.
+    if os.environ.get("RELAX_TEST_CACHE"):
+        os.environ["RELAX_CACHE"] = os.environ["RELAX_TEST_CACHE"]
+    yield
+
+
+@pytest.fixture
+def tmp_results(tmp_path):
+    return tmp_path / "results"
