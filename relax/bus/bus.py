@@ -1,0 +1,208 @@
+"""Bus: the only data path between roles, a thin layer over TransferQueue (TQ).
+
+Partition `train_{k}` holds the rows (samples) of RL step k; fields (columns) are added by each role as it
+runs. A row is handed to each task name at most once (TQ's per-task consumption). The driver calls
+`Bus.start`; a role receives the Bus object (it pickles) or calls `Bus.connect()`; either way the TQ
+client is opened lazily in the process that first uses it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import ray
+import torch
+import transfer_queue as tq
+from transfer_queue import BatchMeta
+
+from relax.bus.batch import Batch, Value, rows_length, to_tensordict, from_tensordict
+from relax.bus.gate import NAME, NAMESPACE, Coordinator
+from relax.bus.sampler import PUT_KEY, ROW_KEY, GroupSampler
+from relax.config import BusConfig
+
+log = logging.getLogger(__name__)
+
+TQ_CONTROLLER = ("TransferQueueController", "transfer_queue")  # (name, namespace) TQ registers
+
+
+def partition_id(step: int) -> str:
+    return f"train_{step}"
+
+
+def _get(ref):
+    """ray.get, raising the coordinator's own error (its message is the point) instead of Ray's wrapper."""
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayTaskError as err:
+        raise err.cause from None
+
+
+_INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+
+
+def _int_ids(rows: dict[str, Value], name: str, n: int) -> torch.Tensor:
+    if name not in rows:
+        raise ValueError(f"put_rows: rows must include the int field '{name}'")
+    ids = rows[name]
+    if not isinstance(ids, torch.Tensor):
+        try:
+            ids = torch.tensor(ids)
+        except (TypeError, ValueError, RuntimeError):
+            ids = None
+    if ids is None or ids.shape != (n,) or ids.dtype not in _INT_DTYPES:
+        raise ValueError(f"put_rows: field '{name}' must be one int per row (a 1-D int tensor or a list of int)")
+    return ids
+
+
+class Bus:
+    def __init__(self, coordinator, group_size: int, capacity_rows: int):
+        self._coord = coordinator
+        self.group_size = group_size
+        self.capacity_rows = capacity_rows
+        self._client = None
+
+    def __reduce__(self):
+        # The TQ client (sockets, a loop thread) stays behind; the receiving process opens its own.
+        return (Bus, (self._coord, self.group_size, self.capacity_rows))
+
+    # ---- lifecycle -------------------------------------------------------------------------------------
+    @classmethod
+    def start(cls, cfg: BusConfig, group_size: int, max_staleness: int) -> Bus:
+        """Start TQ (controller with our sampler, storage) and the coordinator. Driver only, after ray.init."""
+        if not ray.is_initialized():
+            raise RuntimeError("Bus.start: call ray.init() first")
+        if group_size < 1 or max_staleness < 0:
+            raise ValueError(f"Bus.start: need group_size >= 1, max_staleness >= 0 (got {group_size}, {max_staleness})")
+        for name, namespace in ((NAME, NAMESPACE), TQ_CONTROLLER):
+            try:
+                ray.get_actor(name, namespace=namespace)
+            except ValueError:
+                continue
+            raise RuntimeError(f"Bus.start: {namespace}/{name} is already running; close the previous bus first")
+        t0 = time.time()
+        tq.init(
+            {
+                # Polling mode: a fetch with nothing ready returns at once instead of blocking the controller.
+                "controller": {"sampler": GroupSampler(), "polling_mode": True},
+                "backend": {"SimpleStorage": {"num_data_storage_units": cfg.storage_units}},
+            }
+        )
+        coord = Coordinator.options(name=NAME, namespace=NAMESPACE).remote(cfg.capacity_rows, group_size, max_staleness)
+        _get(coord.settings.remote())
+        log.info("bus started in %.1f s (capacity %d rows, group size %d, max staleness %d)",
+                 time.time() - t0, cfg.capacity_rows, group_size, max_staleness)
+        bus = cls(coord, group_size, cfg.capacity_rows)
+        bus._client = tq.get_client()
+        return bus
+
+    @classmethod
+    def connect(cls) -> Bus:
+        """Attach to the bus the driver started (inside any Ray process)."""
+        try:
+            coord = ray.get_actor(NAME, namespace=NAMESPACE)
+        except ValueError:
+            raise RuntimeError("Bus.connect: no bus is running (the driver must call Bus.start first)") from None
+        s = _get(coord.settings.remote())
+        return cls(coord, s["group_size"], s["capacity_rows"])
+
+    def close(self) -> None:
+        """Shut down TQ and the coordinator (driver, at the end of the run)."""
+        tq.close()
+        self._client = None
+        ray.kill(self._coord)
+
+    def reset(self, max_staleness: int | None = None) -> None:
+        """Start a new run on the same bus: drop every partition, reset the gate (and optionally its bound).
+        Only while no role is using the bus; saves restarting TQ between runs of one driver."""
+        client = self._tq()
+        for pid in client.get_partition_list():
+            client.clear_partition(pid)
+        _get(self._coord.reset.remote(max_staleness))
+
+    def _tq(self):
+        if self._client is None:
+            tq.init()  # no conf: attaches to the running controller
+            self._client = tq.get_client()
+        return self._client
+
+    # ---- data ------------------------------------------------------------------------------------------
+    def put_rows(self, step: int, rows: dict[str, Value], timeout: float | None = 600.0) -> list[int]:
+        """Insert whole groups into partition `step`; returns their global indexes. Blocks while the bus
+        holds capacity_rows rows (TimeoutError after `timeout` s)."""
+        n = rows_length(rows)
+        G = self.group_size
+        if n % G:
+            raise ValueError(f"put_rows: {n} rows is not a whole number of groups of group_size={G}")
+        sample_ids = _int_ids(rows, "sample_id", n)
+        groups = _int_ids(rows, "group_id", n).view(-1, G)
+        if (groups != groups[:, :1]).any():
+            raise ValueError(f"put_rows: 'group_id' must be constant over each consecutive block of {G} rows")
+        if len(set(groups[:, 0].tolist())) != n // G:
+            raise ValueError("put_rows: two groups share a 'group_id'")
+        if len(set(sample_ids.tolist())) != n:
+            raise ValueError("put_rows: 'sample_id' values must be unique")
+        td = to_tensordict(rows)
+
+        seq = _get(self._coord.reserve.remote(step, n, timeout))
+        client = self._tq()
+        try:
+            meta = client.get_meta(
+                data_fields=list(td.keys()), batch_size=n, partition_id=partition_id(step), mode="insert"
+            )
+            # The sampler's group and order key, stored by TQ alongside the data.
+            meta.update_custom_meta([{PUT_KEY: seq, ROW_KEY: i} for i in range(n)])
+            client.put(data=td, metadata=meta)
+        except BaseException:
+            _get(self._coord.release.remote(step, n))
+            raise
+        return list(meta.global_indexes)
+
+    def fetch(self, step: int, task: str, fields: list[str], max_rows: int, whole_groups: bool = False) -> Batch | None:
+        """Up to `max_rows` rows of partition `step` whose `fields` are all produced and that `task` has not
+        consumed, in insertion order; they count as consumed by `task`. None if nothing is ready."""
+        if not fields:
+            raise ValueError("fetch: name at least one field")
+        if max_rows < (self.group_size if whole_groups else 1):
+            raise ValueError(f"fetch: max_rows={max_rows} cannot hold a row{' group' if whole_groups else ''}")
+        client = self._tq()
+        meta = client.get_meta(
+            data_fields=list(fields), batch_size=1, partition_id=partition_id(step), task_name=task,
+            sampling_config={"max_rows": max_rows, "group_size": self.group_size, "whole_groups": whole_groups},
+        )
+        if meta.size == 0:
+            return None
+        data = from_tensordict(client.get_data(meta))
+        return Batch(step, list(meta.global_indexes), data, meta.get_all_custom_meta())
+
+    def write(self, batch: Batch, fields: dict[str, Value]) -> None:
+        """Add `fields` (one entry per row of `batch`, in its order) to the batch's rows."""
+        n = rows_length(fields)
+        if n != batch.size:
+            raise ValueError(f"write: {n} values per field for a batch of {batch.size} rows")
+        if len(batch.row_meta) != n:
+            raise ValueError("write: the batch must come from Bus.fetch (or its select/concat)")
+        meta = BatchMeta(batch.indexes, [partition_id(batch.step)] * n, custom_meta=batch.row_meta)
+        client = self._tq()
+        client.put(data=to_tensordict(fields), metadata=meta)
+
+    def clear(self, step: int) -> None:
+        """Drop partition `step` (once trained) and free its capacity."""
+        self._tq().clear_partition(partition_id(step))
+        _get(self._coord.release.remote(step))
+
+    # ---- staleness gate --------------------------------------------------------------------------------
+    def wait_can_start(self, step: int, timeout: float | None = None) -> None:
+        """Block until rollout may start partition `step`: step - oldest_unconsumed <= max_staleness."""
+        _get(self._coord.wait_can_start.remote(step, timeout))
+
+    def mark_trained(self, step: int) -> None:
+        """The trainer finished partition `step` (weights published): advances oldest_unconsumed."""
+        _get(self._coord.mark_trained.remote(step))
+
+    def oldest_unconsumed(self) -> int:
+        return _get(self._coord.oldest_unconsumed.remote())
+
+    def held_rows(self) -> dict[int, int]:
+        """Rows currently held per partition (capacity accounting)."""
+        return _get(self._coord.held_rows.remote())

@@ -1,0 +1,100 @@
+"""The bus coordinator: staleness gate and capacity accounting, in one small named async Ray actor.
+
+It lives in its own actor (not the driver) so every role process sees one state and the driver is free to
+block. Its methods are coroutines: a producer parked in `wait_can_start` or `reserve` never blocks the
+trainer's `mark_trained` or `release`, which are what wake it up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import ray
+
+NAME = "relax_bus_coordinator"
+NAMESPACE = "relax"
+
+
+@ray.remote(num_cpus=0, max_concurrency=1000)
+class Coordinator:
+    def __init__(self, capacity_rows: int, group_size: int, max_staleness: int):
+        self.capacity_rows = capacity_rows
+        self.group_size = group_size
+        self.max_staleness = max_staleness
+        self.changed = asyncio.Condition()
+        self._new_run()
+
+    def _new_run(self) -> None:
+        self.oldest = 0  # lowest partition not yet marked trained
+        self.trained: set[int] = set()  # marked trained but above `oldest` (finished out of order)
+        self.held: dict[int, int] = {}  # rows held per partition (reserved by puts, freed by release)
+        self.puts = 0  # sequence number of the next put; orders rows across concurrent producers
+
+    async def settings(self) -> dict:
+        return {"capacity_rows": self.capacity_rows, "group_size": self.group_size, "max_staleness": self.max_staleness}
+
+    async def reset(self, max_staleness: int | None) -> None:
+        async with self.changed:
+            if max_staleness is not None:
+                self.max_staleness = max_staleness
+            self._new_run()
+            self.changed.notify_all()
+
+    async def wait_can_start(self, step: int, timeout: float | None) -> None:
+        async with self.changed:
+            try:
+                await asyncio.wait_for(
+                    self.changed.wait_for(lambda: step - self.oldest <= self.max_staleness), timeout
+                )
+            except asyncio.TimeoutError:
+                raise TimeoutError(
+                    f"wait_can_start({step}): still gated after {timeout} s "
+                    f"(oldest unconsumed {self.oldest}, max_staleness {self.max_staleness})"
+                ) from None
+
+    async def mark_trained(self, step: int) -> None:
+        async with self.changed:
+            if step >= self.oldest:
+                self.trained.add(step)
+            while self.oldest in self.trained:
+                self.trained.remove(self.oldest)
+                self.oldest += 1
+            self.changed.notify_all()
+
+    async def oldest_unconsumed(self) -> int:
+        return self.oldest
+
+    async def reserve(self, step: int, rows: int, timeout: float | None) -> int:
+        """Wait until `rows` more rows fit, then hold them for `step`; returns the put's sequence number."""
+        if rows > self.capacity_rows:
+            raise ValueError(f"put_rows: {rows} rows can never fit in bus.capacity_rows={self.capacity_rows}")
+        async with self.changed:
+            if step < self.oldest:
+                raise ValueError(
+                    f"put_rows: partition {step} was already marked trained (oldest unconsumed {self.oldest})"
+                )
+            try:
+                await asyncio.wait_for(
+                    self.changed.wait_for(lambda: sum(self.held.values()) + rows <= self.capacity_rows), timeout
+                )
+            except asyncio.TimeoutError:
+                raise TimeoutError(
+                    f"put_rows: bus full for {timeout} s: {sum(self.held.values())} of bus.capacity_rows="
+                    f"{self.capacity_rows} rows held (partitions {sorted(self.held)}); is the trainer clearing them?"
+                ) from None
+            self.held[step] = self.held.get(step, 0) + rows
+            self.puts += 1
+            return self.puts - 1
+
+    async def release(self, step: int, rows: int | None = None) -> None:
+        """Free `rows` rows of `step` (a failed put), or all of them (the partition was cleared)."""
+        async with self.changed:
+            left = 0 if rows is None else self.held.get(step, 0) - rows
+            if left > 0:
+                self.held[step] = left
+            else:
+                self.held.pop(step, None)
+            self.changed.notify_all()
+
+    async def held_rows(self) -> dict[int, int]:
+        return dict(self.held)

@@ -1,0 +1,84 @@
+"""StreamingLoader: feeds the trainer micro-batches of whole groups as the rows of one partition become ready."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Iterator
+
+from relax.bus.batch import Batch
+from relax.bus.bus import Bus
+
+
+class StreamingLoader:
+    """Iterates micro-batches of partition `step` for consumer `task` until `rows_total` rows were yielded.
+
+    Each micro-batch is whole groups whose summed `length_field` is <= `micro_batch_tokens` (or one group
+    that alone exceeds it). It is yielded as soon as anything is ready rather than waiting to fill the
+    budget: a trainer with nothing to do gains nothing by waiting. `wait_s` adds up the time spent inside
+    the iterator (polling and transferring), i.e. the trainer's wait for data.
+    """
+
+    def __init__(
+        self,
+        bus: Bus,
+        step: int,
+        task: str,
+        fields: list[str],
+        rows_total: int,
+        group_size: int,
+        micro_batch_tokens: int,
+        length_field: str = "total_len",
+        poll_s: float = 0.005,
+        timeout_s: float | None = None,
+    ):
+        if group_size != bus.group_size:
+            raise ValueError(f"StreamingLoader: group_size={group_size} but the bus groups rows by {bus.group_size}")
+        if rows_total <= 0 or rows_total % group_size:
+            raise ValueError(
+                f"StreamingLoader: rows_total={rows_total} is not a positive multiple of group_size={group_size}"
+            )
+        self.bus, self.step, self.task = bus, step, task
+        self.fields = list(dict.fromkeys([*fields, length_field]))
+        self.rows_total, self.group_size = rows_total, group_size
+        self.micro_batch_tokens, self.length_field = micro_batch_tokens, length_field
+        self.poll_s, self.timeout_s = poll_s, timeout_s
+        self.wait_s = 0.0
+
+    def __iter__(self) -> Iterator[Batch]:
+        G = self.group_size
+        pending: deque[tuple[Batch, int]] = deque()  # fetched whole groups and their token counts
+        pending_tokens = fetched = yielded = 0
+        while yielded < self.rows_total:
+            t0 = time.perf_counter()
+            while True:
+                # Pull more only while the groups on hand cannot fill a micro-batch.
+                if fetched < self.rows_total and pending_tokens < self.micro_batch_tokens:
+                    left = self.rows_total - fetched
+                    got = self.bus.fetch(self.step, self.task, self.fields, left, whole_groups=True)
+                    if got is not None:
+                        fetched += got.size
+                        for lo in range(0, got.size, G):
+                            group = got.select(list(range(lo, lo + G)))
+                            tokens = int(group[self.length_field].sum())
+                            pending.append((group, tokens))
+                            pending_tokens += tokens
+                if pending:
+                    break
+                if self.timeout_s is not None and time.perf_counter() - t0 > self.timeout_s:
+                    raise TimeoutError(
+                        f"StreamingLoader: no group of partition {self.step} ready for '{self.task}' within "
+                        f"{self.timeout_s} s ({yielded} of {self.rows_total} rows yielded)"
+                    )
+                time.sleep(self.poll_s)
+            groups, tokens = [pending[0][0]], pending[0][1]
+            pending.popleft()
+            while pending and tokens + pending[0][1] <= self.micro_batch_tokens:
+                group, t = pending.popleft()
+                groups.append(group)
+                tokens += t
+            pending_tokens -= tokens
+            batch = Batch.concat(groups)
+            yielded += batch.size
+            self.wait_s += time.perf_counter() - t0
+            yield batch
