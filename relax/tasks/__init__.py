@@ -1,0 +1,28 @@
+"""Tasks: seeded, indexable prompt sets with their scorer.
+
+`make_task(cfg, seed, split)` builds the train or eval split of `cfg.name`: `dapo_math` (a local file, see
+`relax.tasks.dapo`) or any reasoning-gym dataset. `task[i]` is a `Prompt`; `task.score(prompt, text)`
+grades a response with the reward named by `cfg.reward`. `supervised_pairs(task, n)` gives warm-up pairs.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from relax.config import TaskConfig
+from relax.tasks import dapo, gym
+from relax.tasks.base import Prompt, Task, supervised_pairs
+
+__all__ = ["Prompt", "Task", "make_task", "supervised_pairs"]
+
+_LOCAL = {"dapo_math": dapo.load}
+
+
+def make_task(cfg: TaskConfig, seed: int, split: Literal["train", "eval"]) -> Task:
+    if split not in ("train", "eval"):
+        raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+    local = _LOCAL.get(cfg.name)
+    if local is not None and cfg.reward == "reasoning_gym":
+        raise ValueError(f"task.reward: {cfg.name} is not a reasoning-gym task; use math_verify or exact")
+    length, row = (local or gym.load)(cfg, seed, split)
+    return Task(cfg.name, cfg.prompt_template, cfg.reward, length, row)

@@ -1,0 +1,160 @@
+"""Tasks: seeded splits, prompt fields, scoring, warm-up pairs, and the local dapo_math loader."""
+
+import json
+from dataclasses import asdict
+
+import pytest
+
+from relax.config import TaskConfig
+from relax.tasks import Prompt, make_task, supervised_pairs
+from relax.tasks.gym import SPAN, base_seed
+
+ADD = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1, "operators": ["+"]}
+
+
+def test_basic_arithmetic_prompts():
+    cfg = TaskConfig(params=ADD, size=50, eval_size=8, prompt_template="Q: {question}\nA:")
+    train, ev = make_task(cfg, 0, "train"), make_task(cfg, 0, "eval")
+    assert (len(train), len(ev)) == (50, 8)
+    p = train[7]
+    assert p.prompt_id == 7 and p.prompt == f"Q: {p.question}\nA:"
+    assert "+" in p.question and int(p.answer) == eval(p.question.removeprefix("Calculate ").rstrip("."))
+    assert json.loads(json.dumps(p.meta)) == p.meta
+    assert train[-1] == train[49]
+    with pytest.raises(IndexError):
+        train[50]
+    assert [p.prompt_id for p in ev] == list(range(8))
+
+
+def test_splits_are_seeded_and_disjoint():
+    cfg = TaskConfig(size=500, eval_size=64)  # default params: up to 6 terms of 4 digits, no chance repeats
+    questions = lambda seed, split: [p.question for p in make_task(cfg, seed, split)]
+    train = questions(0, "train")
+    assert questions(0, "train") == train
+    assert not set(train) & set(questions(0, "eval"))
+    assert not set(train) & set(questions(1, "train"))
+    # Each (seed, split) owns a disjoint range of reasoning-gym item seeds.
+    starts = sorted(base_seed(s, split) for s in range(4) for split in ("train", "eval"))
+    assert all(b - a >= SPAN for a, b in zip(starts, starts[1:]))
+
+
+def test_score_and_json_round_trip():
+    task = make_task(TaskConfig(params=ADD, size=4), 0, "train")
+    p = task[0]
+    assert task.score(p, f"{p.question[10:-1]} = {p.answer}") == 1.0
+    assert task.score(p, "I don't know") == 0.0
+    remote = Prompt(**json.loads(json.dumps(asdict(p))))  # as it crosses the bus
+    assert task.score(remote, p.answer) == 1.0
+    assert task.score_detailed(p, None).error is not None
+
+
+@pytest.mark.parametrize("name, reward", [("gsm_symbolic", "reasoning_gym"), ("countdown", "reasoning_gym"),
+                                          ("chain_sum", "math_verify"), ("gsm_symbolic", "exact")])
+def test_other_datasets_by_name(name, reward):
+    task = make_task(TaskConfig(name=name, size=3, eval_size=2, reward=reward), 0, "eval")
+    assert len(task) == 2
+    for p in task:
+        assert p.question and p.answer
+        assert task.score(p, f"<answer>{p.answer}</answer>") == 1.0
+
+
+def test_bad_name_and_params_name_the_field():
+    with pytest.raises(ValueError, match="task.name.*'no_such_task'"):
+        make_task(TaskConfig(name="no_such_task"), 0, "train")
+    with pytest.raises(ValueError, match="task.params.*max_digitz"):
+        make_task(TaskConfig(params={"max_digitz": 2}), 0, "train")
+    with pytest.raises(ValueError, match="task.params.*max_digits must be >= min_digits"):
+        make_task(TaskConfig(params={"min_digits": 3, "max_digits": 1}), 0, "train")
+    with pytest.raises(ValueError, match="split"):
+        make_task(TaskConfig(), 0, "test")
+
+
+def test_template_may_hold_literal_braces():
+    cfg = TaskConfig(params=ADD, size=2, prompt_template=r"{question} Put it in \boxed{}.")
+    p = make_task(cfg, 0, "train")[0]
+    assert p.prompt == p.question + r" Put it in \boxed{}."
+
+
+def test_empty_eval_split():
+    assert len(make_task(TaskConfig(eval_size=0), 0, "eval")) == 0
+
+
+def test_supervised_pairs():
+    task = make_task(TaskConfig(params=ADD, size=3), 0, "train")
+    pairs = supervised_pairs(task, 7)
+    assert len(pairs) == 7 and pairs[3] == pairs[0]  # cycles through the task
+    prompt, target = pairs[1]
+    assert prompt == task[1].prompt and target == " " + task[1].answer
+    chat = make_task(TaskConfig(params=ADD, size=3, prompt_template="{question}\nassistant\n"), 0, "train")
+    assert supervised_pairs(chat, 1)[0][1] == chat[0].answer  # no space after a newline
+    with pytest.raises(ValueError, match="no prompts"):
+        supervised_pairs(make_task(TaskConfig(eval_size=0), 0, "eval"), 1)
+
+
+def _dapo_rows(n):
+    # DAPO-Math-17k's layout, plus the plain problem/answer layout.
+    rows = [{"data_source": "math_dapo", "prompt": [{"role": "user", "content": f"What is {i} squared?"}],
+             "reward_model": {"ground_truth": str(i * i), "style": "rule"}} for i in range(n - 1)]
+    return rows + [{"problem": "What is one half?", "answer": r"\frac{1}{2}"}]
+
+
+def _write_jsonl(path, rows):
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+def test_dapo_math_from_jsonl(tmp_path):
+    path = _write_jsonl(tmp_path / "dapo.jsonl", _dapo_rows(10))
+    cfg = TaskConfig(name="dapo_math", params={"path": str(path)}, size=100, eval_size=3, reward="math_verify",
+                     prompt_template="{question}")
+    train, ev = make_task(cfg, 0, "train"), make_task(cfg, 0, "eval")
+    assert (len(train), len(ev)) == (7, 3)
+    rows = {p.meta["row"] for p in train} | {p.meta["row"] for p in ev}
+    assert rows == set(range(10))
+    by_question = {p.question: p for p in list(train) + list(ev)}
+    p = by_question["What is 3 squared?"]
+    assert p.answer == "9" and p.prompt == p.question
+    assert train.score(p, "3*3 is\nAnswer: 9") == 1.0 and train.score(p, "Answer: 6") == 0.0
+    half = by_question["What is one half?"]
+    assert train.score(half, r"\boxed{0.5}") == 1.0
+
+
+def test_dapo_math_parquet(tmp_path):
+    pytest.importorskip("pyarrow")
+    import pandas as pd
+
+    pd.DataFrame(_dapo_rows(5)[:4]).to_parquet(tmp_path / "dapo.parquet")
+    cfg = TaskConfig(name="dapo_math", params={"path": str(tmp_path / "dapo.parquet")}, eval_size=1, reward="exact")
+    task = make_task(cfg, 0, "train")
+    assert len(task) == 3 and all(p.question.startswith("What is") for p in task)
+
+
+def test_dapo_math_bad_input(tmp_path):
+    def make(**kw):
+        return make_task(TaskConfig(name="dapo_math", reward="math_verify", **kw), 0, "train")
+
+    with pytest.raises(ValueError, match="task.params"):
+        make(params={})
+    with pytest.raises(ValueError, match="task.params.path: no such file"):
+        make(params={"path": str(tmp_path / "missing.jsonl")})
+    with pytest.raises(ValueError, match="task.params.path: expected a .parquet or .jsonl"):
+        make(params={"path": str(_write_jsonl(tmp_path / "rows.csv", []))})
+    bad = _write_jsonl(tmp_path / "bad.jsonl", _dapo_rows(3) + [{"problem": "no answer"}])
+    with pytest.raises(ValueError, match="bad.jsonl row 3 has no answer"):
+        make(params={"path": str(bad)}, eval_size=1)
+    with pytest.raises(ValueError, match="task.eval_size"):
+        make(params={"path": str(_write_jsonl(tmp_path / "two.jsonl", _dapo_rows(2)))}, eval_size=2)
+    with pytest.raises(ValueError, match="task.reward"):
+        make_task(TaskConfig(name="dapo_math", params={"path": str(bad)}), 0, "train")
+
+
+def test_dapo_math_parquet_without_pyarrow_says_what_to_install(tmp_path, monkeypatch):
+    import pandas as pd
+
+    def no_engine(path):
+        raise ImportError("Unable to find a usable engine")
+
+    monkeypatch.setattr(pd, "read_parquet", no_engine)
+    (tmp_path / "dapo.parquet").write_bytes(b"")
+    with pytest.raises(ValueError, match="task.params.path: reading parquet needs pyarrow"):
+        make_task(TaskConfig(name="dapo_math", params={"path": str(tmp_path / "dapo.parquet")}, reward="exact"), 0, "train")
