@@ -21,7 +21,8 @@ def cmd_run(args) -> int:
     from relax.controller import run_experiment
 
     run_dir, summary = run_experiment(cfg, out=args.out, run=args.run, progress=not args.no_progress)
-    keys = ["steps", "steps_per_hour", "mean_step_time_s", "initial_reward", "final_reward", "staleness_max",
+    keys = ["steps", "steps_per_hour", "mean_step_time_s", "initial_reward", "final_reward",
+            "eval_accuracy_start", "eval_accuracy_end", "staleness_max",
             "pipeline_efficiency", "trainer_wait_share", "peak_memory_mb", "samples_lost", "samples_duplicated"]
     print(json.dumps({k: summary[k] for k in keys if k in summary}, indent=2))
     print(f"results: {run_dir}")

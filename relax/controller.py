@@ -31,7 +31,8 @@ from relax.roles.advantages import AdvantagesRole
 from relax.roles.reference import ReferenceRole
 from relax.roles.reward import RewardRole
 from relax.roles.rollout import RolloutRole
-from relax.weights.store import WeightStore
+from relax.evaluate import greedy_accuracy
+from relax.weights.store import WeightStore, fetch_weights
 
 log = logging.getLogger(__name__)
 ROLE_CLASSES = {"rollout": RolloutRole, "reward": RewardRole, "reference": ReferenceRole,
@@ -160,7 +161,8 @@ class Controller:
                 f.write(json.dumps(row) + "\n")
         return rows
 
-    def write_summary(self, rows: list[dict], t_start: float, spans: list[dict], account: list[int]) -> dict:
+    def write_summary(self, rows: list[dict], t_start: float, spans: list[dict], account: list[int],
+                      evals: dict) -> dict:
         cfg = self.cfg
         train_s = rows[-1]["wall_time_s"]
         steady = rows[1:] or rows  # step 0 includes pipeline fill
@@ -180,6 +182,7 @@ class Controller:
             "mean_step_time_s": round(step_time, 4),
             "initial_reward": rows[0]["reward_mean"],
             "final_reward": sum(r["reward_mean"] for r in tail) / len(tail),
+            **evals,
             "staleness_max": max(r["staleness_max"] for r in rows),
             "trainer_wait_share": round(sum(r["trainer_wait_s"] for r in steady) / sum(r["step_time_s"] for r in steady), 4),
             "busy_share": {n: round(v / train_s, 4) for n, v in busy_total.items()},
@@ -217,6 +220,7 @@ class Controller:
                     self.poll(bar)
                 spans = ray.get(self.telemetry.all_spans.remote())
                 account = ray.get(self.roles["actor"].sample_account.remote())
+                final_state = fetch_weights(self.weights, -1)[1]
             finally:
                 for r in self.roles.values():
                     ray.kill(r)
@@ -224,7 +228,9 @@ class Controller:
                     self.bus.close()
         (self.run_dir / "trace.json").write_text(json.dumps(chrome_trace(spans, t_start)))
         rows = self.write_metrics(t_start, spans)
-        return self.write_summary(rows, t_start, spans, account)
+        # Greedy accuracy on held-out prompts, before and after RL (the warm-up start vs the trained policy).
+        evals = {"eval_accuracy_start": greedy_accuracy(cfg, state), "eval_accuracy_end": greedy_accuracy(cfg, final_state)}
+        return self.write_summary(rows, t_start, spans, account, evals)
 
 
 def run_experiment(cfg: ExperimentConfig, out: str | Path = "results", run: str | None = None,
