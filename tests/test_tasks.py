@@ -104,7 +104,8 @@ def _write_jsonl(path, rows):
 
 
 def test_dapo_math_from_jsonl(tmp_path):
-    path = _write_jsonl(tmp_path / "dapo.jsonl", _dapo_rows(10))
+    rows = _dapo_rows(10)
+    path = _write_jsonl(tmp_path / "dapo.jsonl", rows + rows[:4])  # DAPO-Math-17k repeats its problems
     cfg = TaskConfig(name="dapo_math", params={"path": str(path)}, size=100, eval_size=3, reward="math_verify",
                      prompt_template="{question}")
     train, ev = make_task(cfg, 0, "train"), make_task(cfg, 0, "eval")

