@@ -1,0 +1,172 @@
+"""Benchmark: DCS weight-sync bandwidth against the raw loopback bandwidth of the same collective.
+
+    .venv/bin/python -m relax.weights.dcs_bench --mb 256 --bucket-mb 16 64 256 --repeat 5
+
+raw: two plain processes, one gloo `broadcast` of the whole payload into a warm buffer (the ceiling).
+dcs: a Ray session with the coordinator; a publisher actor publishes a synthetic model of `--mb` MB
+(`--tensors` tensors) and a receiver actor pulls every version through the DCS. Reported per bucket size:
+`transfer` (session accepted -> every bucket received, as the receiver saw it), `sync` (the receiver's whole
+`sync` call: request, pairing, transfer, copy into its own parameters) and `publish` (the publisher's stall:
+copy into the staging + announce). Effective bandwidth = payload bytes / seconds; median over repeats.
+Writes JSON to `--out` (default results/dcs_bench/<time>.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+
+
+def _raw_worker(rank: int, port: int, numel: int, repeat: int, q) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    store = dist.TCPStore("127.0.0.1", port, 2, rank == 0, timeout=timedelta(seconds=60))
+    opts = dist.ProcessGroupGloo._Options()
+    opts._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
+    opts._timeout = timedelta(seconds=60)
+    pg = dist.ProcessGroupGloo(store, rank, 2, opts)
+    buf = torch.ones(numel) if rank == 0 else torch.zeros(numel)
+    bo = dist.BroadcastOptions()
+    bo.rootRank = 0
+    times = []
+    for _ in range(repeat + 1):  # the first one warms the buffers and the connection
+        pg.barrier().wait()
+        t0 = time.perf_counter()
+        pg.broadcast([buf], bo).wait()
+        times.append(time.perf_counter() - t0)
+    if rank == 1:
+        q.put(times[1:])
+
+
+def raw_broadcast(nbytes: int, repeat: int) -> list[float]:
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    port = 29000 + os.getpid() % 1000
+    procs = [ctx.Process(target=_raw_worker, args=(r, port, nbytes // 4, repeat, q)) for r in range(2)]
+    for p in procs:
+        p.start()
+    times = q.get(timeout=600)
+    for p in procs:
+        p.join()
+    return times
+
+
+def synthetic(total_bytes: int, n: int, seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    per = total_bytes // 4 // n
+    return {f"layer.{i}.weight": torch.randn(per, generator=g) for i in range(n)}
+
+
+def dcs_bench(total_bytes: int, n: int, bucket_mb: float, repeat: int) -> dict:
+    import ray
+
+    from relax.weights.dcs import DCS
+
+    @ray.remote(num_cpus=0)
+    class Publisher:
+        def __init__(self, dcs):
+            torch.set_num_threads(1)
+            self.dcs = dcs
+            self.dcs.join("actor", serve=True, trainer=True)
+            self.w = synthetic(total_bytes, n, 0)
+
+        def publish(self, version):
+            for t in self.w.values():
+                t.add_(1.0)
+            return self.dcs.publish(version, self.w)
+
+    @ray.remote(num_cpus=0)
+    class Receiver:
+        def __init__(self, dcs):
+            torch.set_num_threads(1)
+            self.dcs = dcs
+            self.dcs.join("rollout", serve=True)
+            self.params = {k: torch.zeros_like(v) for k, v in synthetic(total_bytes, n, 0).items()}
+            self.version = -1
+
+        def load(self, state, version):
+            for k, p in self.params.items():
+                p.copy_(state[k])
+            self.version = version
+
+        def sync(self, version):
+            t0 = time.perf_counter()
+            self.dcs.sync(self.version, self.load, min_version=version)
+            return time.perf_counter() - t0, self.dcs.last_transfer
+
+    dcs = DCS.start("gloo", bucket_mb=bucket_mb, timeout_s=120)
+    try:
+        pub, rec = Publisher.remote(dcs), Receiver.remote(dcs)
+        rows = []
+        for v in range(repeat + 1):
+            publish_s = ray.get(pub.publish.remote(v))
+            sync_s, tr = ray.get(rec.sync.remote(v))
+            rows.append({"publish_s": publish_s, "sync_s": sync_s, "transfer_s": tr["seconds"]})
+        ray.kill(pub)
+        ray.kill(rec)
+    finally:
+        dcs.close()
+    return rows[1:]  # the first transfer allocates the receiver's staging (first touch)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--mb", type=float, default=256)
+    ap.add_argument("--tensors", type=int, default=32)
+    ap.add_argument("--bucket-mb", type=float, nargs="+", default=[16, 64, 256])
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    nbytes = int(args.mb * 2**20)
+    load = os.getloadavg()[0]
+
+    raw = raw_broadcast(nbytes, args.repeat)
+    raw_s = statistics.median(raw)
+    result = {"payload_mb": args.mb, "tensors": args.tensors, "repeat": args.repeat, "cpus": os.cpu_count(),
+              "load_avg_1m_before": round(load, 2), "torch": torch.__version__,
+              "raw_broadcast": {"median_s": raw_s, "gb_per_s": nbytes / raw_s / 1e9, "all_s": raw}, "dcs": []}
+    print(f"raw gloo broadcast {args.mb:.0f} MB: {nbytes / raw_s / 1e9:.2f} GB/s (median of {len(raw)})")
+
+    import ray
+
+    tmp = tempfile.mkdtemp(prefix="relax-dcs-bench-", dir="/tmp")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    ray.init(num_cpus=4, include_dashboard=False, _temp_dir=tmp, logging_level="WARNING")
+    try:
+        for bmb in args.bucket_mb:
+            rows = dcs_bench(nbytes, args.tensors, bmb, args.repeat)
+            med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+            entry = {"bucket_mb": bmb, **{k: round(v, 5) for k, v in med.items()},
+                     "transfer_gb_per_s": nbytes / med["transfer_s"] / 1e9,
+                     "sync_gb_per_s": nbytes / med["sync_s"] / 1e9,
+                     "transfer_vs_raw": raw_s / med["transfer_s"], "sync_vs_raw": raw_s / med["sync_s"],
+                     "all": rows}
+            result["dcs"].append(entry)
+            print(f"dcs bucket {bmb:>6g} MB: transfer {entry['transfer_gb_per_s']:.2f} GB/s "
+                  f"({100 * entry['transfer_vs_raw']:.0f}% of raw), sync incl. load {entry['sync_gb_per_s']:.2f} GB/s "
+                  f"({100 * entry['sync_vs_raw']:.0f}%), publisher stall {1000 * med['publish_s']:.0f} ms")
+    finally:
+        ray.shutdown()
+        shutil.rmtree(tmp, ignore_errors=True)
+    result["load_avg_1m_after"] = round(os.getloadavg()[0], 2)
+    out = Path(args.out or f"results/dcs_bench/{time.strftime('%Y%m%d-%H%M%S')}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(f"load average {result['load_avg_1m_before']} -> {result['load_avg_1m_after']}; wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

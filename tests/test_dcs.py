@@ -1,0 +1,166 @@
+"""DCS (relax.weights.dcs): layouts, gloo transfers between Ray processes, peer recovery, pinning, the ledger."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+
+import pytest
+import ray
+import torch
+
+from relax.weights.dcs import DCS, Staging, plan_layout
+
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def weights(seed: int, scale: int = 1) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {"embed.weight": torch.randn(64 * scale, 32, generator=g), "layer.0.w": torch.randn(32, 32, generator=g),
+            "layer.0.b": torch.randn(32, generator=g), "norm.weight": torch.randn(32, generator=g).bfloat16(),
+            "head.weight": torch.randn(100 * scale, 32, generator=g)}
+
+
+def test_layout_groups_dtypes_and_respects_the_bucket_size():
+    w = weights(0)
+    layout = plan_layout(w, bucket_bytes=8 * 1024)
+    for b in layout:
+        assert len(b["entries"]) == 1 or b["bytes"] <= 8 * 1024
+        assert {str(w[name].dtype).removeprefix("torch.") for name, *_ in b["entries"]} == {b["dtype"]}
+    assert [e[0] for b in layout for e in b["entries"]] == list(w)  # every tensor once, in order
+    assert len(plan_layout(w, bucket_bytes=2**30)) == 3  # float32 run, bfloat16, float32 again
+    st = Staging(layout)
+    st.fill(w, version=3)
+    assert st.version == 3
+    for k, v in st.views().items():
+        assert torch.equal(v, w[k]) and v.dtype == w[k].dtype
+    with pytest.raises(ValueError, match="bucket size"):
+        plan_layout(w, 0)
+
+
+@ray.remote(num_cpus=0)
+class Member:
+    """A stand-in role: joins the DCS, publishes or syncs, reports what it holds."""
+
+    def __init__(self, dcs: DCS, role: str, serve=True, follow=False, trainer=False):
+        self.dcs = dcs
+        self.dcs.join(role, serve=serve, follow=follow, trainer=trainer)
+        self.state, self.version = None, -1
+
+    def pid(self):
+        return os.getpid()
+
+    def publish(self, version, seed, sample_ids=None):
+        self.dcs.publish(version, weights(seed), sample_ids=sample_ids)
+        self.version = version
+
+    def sync(self, min_version=None, exact=None):
+        def load(state, version):
+            self.state = {k: v.clone() for k, v in state.items()}
+            self.version = version
+
+        self.dcs.sync(self.version, load, min_version=min_version, exact=exact)
+        return self.version, self.dcs.last_transfer.get("src")
+
+    def equals(self, seed):
+        return all(torch.equal(self.state[k], v) for k, v in weights(seed).items())
+
+
+@pytest.fixture(scope="module", params=["gloo"])
+def ray_session():
+    tmp = tempfile.mkdtemp(prefix="relax-dcs-test-", dir="/tmp")
+    ray.init(num_cpus=4, include_dashboard=False, _temp_dir=tmp, logging_level="WARNING")
+    yield
+    ray.shutdown()
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture
+def dcs(ray_session, request):
+    d = DCS.start(getattr(request, "param", "gloo"), bucket_mb=0.004, timeout_s=20)  # ~4 KB: several buckets
+    d.join("driver", serve=True, follow=True)
+    d.publish(0, weights(0), pin=True)
+    yield d
+    d.close()
+
+
+def test_gloo_transfer_peer_recovery_pinning_and_ledger(dcs):
+    trainer = Member.remote(dcs, "actor", trainer=True)
+    assert ray.get(trainer.sync.remote(min_version=0))[0] == 0
+    assert ray.get(trainer.equals.remote(0))
+    ray.get(trainer.publish.remote(1, 1, sample_ids=[10, 11]))
+    # Committed once another member (the driver follows every version) holds version 1.
+    assert dcs.wait_committed(1, timeout=30)
+    assert dcs.ledger() == [10, 11]
+
+    rollout = Member.remote(dcs, "rollout")
+    version, _ = ray.get(rollout.sync.remote(min_version=1))
+    assert version == 1 and ray.get(rollout.equals.remote(1))
+
+    # The reference asks for version 0 exactly, long after it was replaced: the driver pinned it.
+    ray.get(trainer.publish.remote(2, 2, sample_ids=[12]))
+    reference = Member.remote(dcs, "reference")
+    assert ray.get(reference.sync.remote(exact=0))[0] == 0 and ray.get(reference.equals.remote(0))
+
+    # The trainer dies: a newcomer gets the newest version from a live peer, not from the dead trainer.
+    assert dcs.wait_committed(2, timeout=30)
+    ray.get(rollout.sync.remote(min_version=2))
+    trainer_id = next(m["id"] for m in dcs.topology()["members"] if m["role"] == "actor")
+    os.kill(ray.get(trainer.pid.remote()), signal.SIGKILL)
+    dcs.mark_dead(trainer_id)
+    newcomer = Member.remote(dcs, "rollout")
+    version, src = ray.get(newcomer.sync.remote(min_version=0))
+    assert version == 2 and ray.get(newcomer.equals.remote(2))
+    assert not src.startswith("actor")
+    topo = dcs.topology()
+    assert topo["reachable"] == 2 and topo["stats"]["transfers"] >= 5
+    assert dcs.ledger() == [10, 11, 12]
+    for a in (rollout, reference, newcomer):
+        ray.kill(a)
+
+
+def test_uncommitted_version_rolls_back_with_its_samples_when_the_trainer_dies(ray_session):
+    d = DCS.start("gloo", bucket_mb=1, timeout_s=20)
+    try:
+        d.join("driver", serve=True, follow=False)  # no follower: nothing replicates version 1
+        d.publish(0, weights(0), pin=True)
+        trainer = Member.remote(d, "actor", trainer=True)
+        ray.get(trainer.sync.remote(min_version=0))
+        ray.get(trainer.publish.remote(1, 1, sample_ids=[1, 2, 3]))
+        assert not d.wait_committed(1, timeout=0.5)
+        trainer_id = next(m["id"] for m in d.topology()["members"] if m["role"] == "actor")
+        ray.kill(trainer)
+        d.mark_dead(trainer_id)
+        topo = d.topology()
+        assert topo["latest"] == 0 and topo["reachable"] == 0
+        assert d.ledger() == []
+        # A new trainer resumes from version 0 and may publish version 1 again.
+        again = Member.remote(d, "actor", trainer=True)
+        assert ray.get(again.sync.remote(min_version=0))[0] == 0
+        ray.get(again.publish.remote(1, 5, sample_ids=[1, 2, 3]))
+        ray.kill(again)
+    finally:
+        d.close()
+
+
+def test_object_store_transport_has_the_same_interface(ray_session):
+    d = DCS.start("object_store")
+    try:
+        d.join("driver")
+        d.publish(0, weights(0))
+        trainer = Member.remote(d, "actor", trainer=True)
+        assert ray.get(trainer.sync.remote(min_version=0))[0] == 0
+        ray.get(trainer.publish.remote(1, 1, sample_ids=[7]))
+        rollout = Member.remote(d, "rollout")
+        assert ray.get(rollout.sync.remote(min_version=1))[0] == 1 and ray.get(rollout.equals.remote(1))
+        assert d.ledger() == [7]
+        version, state = d.latest_state(min_version=1)
+        assert version == 1 and torch.equal(state["head.weight"], weights(1)["head.weight"])
+        for a in (trainer, rollout):
+            ray.kill(a)
+    finally:
+        d.close()
