@@ -1,0 +1,206 @@
+"""The HTTP control plane of a run (FastAPI): elastic rollout scaling, engines, health, Prometheus metrics.
+
+Started with the run (`relax run CONFIG --api-port PORT`, port 0 picks a free one); the bearer token is
+written to `<run_dir>/api_token` (mode 0600) and the address to `<run_dir>/api.json`. Every endpoint but
+`/health` requires `Authorization: Bearer <token>` (else 401), the OpenAPI schema (`/openapi.json`) included.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+from fastapi import APIRouter, Depends, FastAPI, HTTPException
+from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, ConfigDict, Field
+
+from relax.api.scaling import BadRequest, Conflict, NotFound, ScaleManager
+
+
+class ScaleOutRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    num_replicas: int = Field(..., ge=1, description="target total number of rollout replicas (absolute)")
+    timeout_secs: float | None = Field(None, gt=0, description="per-stage timeout of the operation")
+
+
+class ScaleInRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    num_replicas: int = Field(..., ge=1, description="target number of replicas left (absolute)")
+    force: bool = Field(False, description="remove without waiting for in-flight work to drain")
+    dry_run: bool = Field(False, description="only report which replicas would be removed")
+
+
+class OperationView(BaseModel):
+    request_id: str
+    kind: str
+    status: str
+    num_replicas: int
+    engine_ids: list[str]
+    failed_engines: list[str]
+    error_message: str | None
+    weight_version: int | None
+    force: bool
+    dry_run: bool
+    created_at: float
+    updated_at: float
+    history: list[dict]
+
+
+class Engine(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    engine_id: str
+    initial: bool
+    status: str
+    is_healthy: bool
+    pid: int | None = None
+    weight_version: int | None = None
+
+
+class EnginesView(BaseModel):
+    engines: list[Engine]
+    total_engines: int
+
+
+def _prometheus(metrics: dict) -> str:
+    """Prometheus text format: {name: value} or {name: [(labels dict, value), ...]}; names get `relax_`."""
+    lines = []
+    for name, value in metrics.items():
+        full = f"relax_{name}"
+        lines.append(f"# TYPE {full} gauge")
+        samples = value if isinstance(value, list) else [({}, value)]
+        for labels, v in samples:
+            lab = ",".join(f'{k}="{str(x).replace(chr(34), "")}"' for k, x in sorted(labels.items()))
+            lines.append(f"{full}{'{' + lab + '}' if lab else ''} {float(v):g}")
+    return "\n".join(lines) + "\n"
+
+
+def create_app(manager: ScaleManager, token: str, metrics: Callable[[], dict] | None = None,
+               health: Callable[[], dict] | None = None) -> FastAPI:
+    app = FastAPI(title="Relax control API", version="1", openapi_url=None, docs_url=None, redoc_url=None,
+                  description="Elastic rollout scaling and run status. Bearer token: <run_dir>/api_token.")
+    bearer = HTTPBearer(auto_error=False)
+
+    def auth(cred: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
+        if cred is None or cred.scheme.lower() != "bearer" or not secrets.compare_digest(cred.credentials, token):
+            raise HTTPException(401, "missing or wrong bearer token (see <run_dir>/api_token)",
+                                headers={"WWW-Authenticate": "Bearer"})
+
+    api = APIRouter(dependencies=[Depends(auth)])
+
+    def op_or_404(request_id: str, kind: str) -> dict:
+        try:
+            return manager.get(request_id, kind).view()
+        except NotFound:
+            raise HTTPException(404, f"no {kind} operation {request_id}") from None
+
+    @app.get("/health", tags=["status"])
+    def get_health() -> dict:
+        return {"status": "ok", "time": time.time(), **(health() if health else {})}
+
+    @api.post("/rollout/scale_out", response_model=OperationView, tags=["scaling"])
+    def scale_out(req: ScaleOutRequest) -> dict:
+        try:
+            return manager.scale_out(req.num_replicas, req.timeout_secs).view()
+        except Conflict as err:
+            raise HTTPException(409, str(err)) from None
+        except BadRequest as err:
+            raise HTTPException(400, str(err)) from None
+
+    @api.get("/rollout/scale_out/{request_id}", response_model=OperationView, tags=["scaling"])
+    def get_scale_out(request_id: str) -> dict:
+        return op_or_404(request_id, "scale_out")
+
+    @api.post("/rollout/scale_out/{request_id}/cancel", response_model=OperationView, tags=["scaling"])
+    def cancel_scale_out(request_id: str) -> dict:
+        try:
+            return manager.cancel(request_id).view()
+        except NotFound:
+            raise HTTPException(404, f"no scale_out operation {request_id}") from None
+        except Conflict as err:
+            raise HTTPException(409, str(err)) from None
+
+    @api.post("/rollout/scale_in", response_model=OperationView, tags=["scaling"])
+    def scale_in(req: ScaleInRequest) -> dict:
+        try:
+            return manager.scale_in(req.num_replicas, req.force, req.dry_run).view()
+        except Conflict as err:
+            raise HTTPException(409, str(err)) from None
+        except BadRequest as err:
+            raise HTTPException(400, str(err)) from None
+
+    @api.get("/rollout/scale_in/{request_id}", response_model=OperationView, tags=["scaling"])
+    def get_scale_in(request_id: str) -> dict:
+        return op_or_404(request_id, "scale_in")
+
+    @api.get("/rollout/engines", response_model=EnginesView, tags=["scaling"])
+    def engines() -> dict:
+        es = manager.pool.engines()
+        return {"engines": es, "total_engines": len(es)}
+
+    @api.get("/metrics", response_class=PlainTextResponse, tags=["status"])
+    def get_metrics() -> str:
+        m = dict(metrics() if metrics else {})
+        es = manager.pool.engines()
+        m["rollout_replicas"] = len(es)
+        m["rollout_replicas_healthy"] = sum(1 for e in es if e["is_healthy"])
+        m["scale_operations"] = [({"kind": k, "status": s}, n) for (k, s), n in sorted(manager.counters().items())]
+        return _prometheus(m)
+
+    @api.get("/openapi.json", include_in_schema=False)
+    def openapi() -> JSONResponse:
+        return JSONResponse(app.openapi())
+
+    app.include_router(api)
+    return app
+
+
+class ApiServer:
+    """uvicorn in a daemon thread of the driver; `start()` returns once it listens."""
+
+    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0):
+        import uvicorn
+
+        self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off"))
+        self.host = host
+        self.port = port
+        self.thread: threading.Thread | None = None
+
+    def start(self, timeout: float = 30.0) -> int:
+        self.thread = threading.Thread(target=self.server.run, name="relax-api", daemon=True)
+        self.thread.start()
+        deadline = time.time() + timeout
+        while not self.server.started:
+            if time.time() > deadline or not self.thread.is_alive():
+                raise RuntimeError(f"api: the server did not start on {self.host}:{self.port}")
+            time.sleep(0.02)
+        self.port = self.server.servers[0].sockets[0].getsockname()[1]
+        return self.port
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        if self.thread is not None:
+            self.thread.join(timeout=10)
+
+
+def start_api(run_dir: Path, manager: ScaleManager, port: int, host: str = "127.0.0.1",
+              metrics: Callable[[], dict] | None = None, health: Callable[[], dict] | None = None) -> ApiServer:
+    """Token first (the app needs it), then the server, then the address it really listens on."""
+    token = secrets.token_urlsafe(32)
+    server = ApiServer(create_app(manager, token, metrics, health), host, port)
+    server.start()
+    path = Path(run_dir) / "api_token"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    (Path(run_dir) / "api.json").write_text(json.dumps({"url": server.url, "port": server.port, "pid": os.getpid()}))
+    return server

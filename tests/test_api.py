@@ -1,0 +1,220 @@
+"""The elastic scaling API (relax.api) against a fake rollout pool: auth, schema, state machines, 400/404/409."""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+import time
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from relax.api.scaling import ScaleManager
+from relax.api.server import create_app, start_api
+
+TOKEN = "s3cret-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+class FakePool:
+    """A RolloutPool whose stages can be held (`hold[stage]` is an Event the stage waits on) or made to fail."""
+
+    def __init__(self, initial: int = 1):
+        self.reps = {f"rollout-{i}": {"initial": True, "status": "ACTIVE"} for i in range(initial)}
+        self.n = initial
+        self.calls: list[tuple[str, str]] = []
+        self.hold: dict[str, threading.Event] = {}
+        self.fail: set[str] = set()
+
+    def _stage(self, name: str, rid: str) -> None:
+        self.calls.append((name, rid))
+        if name in self.hold:
+            assert self.hold[name].wait(10), f"{name} held too long"
+        if name in self.fail:
+            raise RuntimeError(f"{name} failed for {rid}")
+
+    def engines(self):
+        return [{"engine_id": rid, "initial": r["initial"], "status": r["status"], "is_healthy": True, "pid": None,
+                 "weight_version": 3} for rid, r in self.reps.items()]
+
+    def count(self):
+        return sum(1 for r in self.reps.values() if r["status"] not in ("DRAINING", "REMOVING"))
+
+    def create_replica(self):
+        rid = f"rollout-{self.n}"
+        self.n += 1
+        self.reps[rid] = {"initial": False, "status": "CREATING"}
+        self._stage("create", rid)
+        return rid
+
+    def health_check(self, rid, timeout):
+        self._stage("health", rid)
+
+    def sync_weights(self, rid):
+        self._stage("sync", rid)
+        return 3
+
+    def activate(self, rid):
+        self._stage("activate", rid)
+        self.reps[rid]["status"] = "ACTIVE"
+
+    def drain(self, rid, timeout):
+        self.reps[rid]["status"] = "DRAINING"
+        self._stage("drain", rid)
+        return True
+
+    def remove(self, rid):
+        self._stage("remove", rid)
+        del self.reps[rid]
+
+    def is_initial(self, rid):
+        return self.reps[rid]["initial"]
+
+
+@pytest.fixture
+def pool():
+    return FakePool(initial=2)
+
+
+@pytest.fixture
+def client(pool):
+    manager = ScaleManager(pool, timeout_s=5, drain_timeout_s=5)
+    app = create_app(manager, TOKEN, metrics=lambda: {"weight_version": 3, "restarts": [({"role": "rollout"}, 1)]})
+    with TestClient(app) as c:
+        c.manager = manager
+        yield c
+    manager.wait(10)
+
+
+def wait_status(client, kind, rid, statuses, timeout=10.0):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        body = client.get(f"/rollout/{kind}/{rid}", headers=AUTH).json()
+        if body["status"] in statuses:
+            return body
+        time.sleep(0.01)
+    raise AssertionError(f"{kind} {rid} never reached {statuses}: {body}")
+
+
+PROTECTED = [("post", "/rollout/scale_out", {"num_replicas": 3}), ("get", "/rollout/scale_out/x", None),
+             ("post", "/rollout/scale_out/x/cancel", None), ("post", "/rollout/scale_in", {"num_replicas": 2}),
+             ("get", "/rollout/scale_in/x", None), ("get", "/rollout/engines", None), ("get", "/metrics", None),
+             ("get", "/openapi.json", None)]
+
+
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {TOKEN}"}])
+def test_every_endpoint_but_health_needs_the_token(client, headers):
+    for method, path, body in PROTECTED:
+        r = client.request(method, path, json=body, headers=headers)
+        assert r.status_code == 401, (path, r.status_code)
+        assert r.headers["www-authenticate"] == "Bearer"
+    assert client.get("/health").status_code == 200
+    assert client.get("/docs").status_code == 404  # no unauthenticated schema anywhere
+
+
+def test_openapi_schema_lists_the_api_with_bearer_auth(client):
+    schema = client.get("/openapi.json", headers=AUTH).json()
+    paths = schema["paths"]
+    for path in ["/rollout/scale_out", "/rollout/scale_out/{request_id}", "/rollout/scale_out/{request_id}/cancel",
+                 "/rollout/scale_in", "/rollout/scale_in/{request_id}", "/rollout/engines", "/health", "/metrics"]:
+        assert path in paths, path
+    assert schema["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
+    body = schema["components"]["schemas"]["ScaleInRequest"]["properties"]
+    assert set(body) == {"num_replicas", "force", "dry_run"}
+    assert "security" not in paths["/health"]["get"] and paths["/rollout/engines"]["get"]["security"]
+
+
+def test_scale_out_walks_every_state_then_scale_in_drains_before_removing(client, pool):
+    r = client.post("/rollout/scale_out", json={"num_replicas": 3}, headers=AUTH)
+    assert r.status_code == 200
+    op = wait_status(client, "scale_out", r.json()["request_id"], {"ACTIVE", "FAILED"})
+    assert [h["status"] for h in op["history"]] == ["PENDING", "CREATING", "HEALTH_CHECKING", "WEIGHT_SYNCING",
+                                                     "READY", "ACTIVE"]
+    assert op["engine_ids"] == ["rollout-2"] and op["weight_version"] == 3
+    # weights are synced before the replica serves
+    assert [c for c, rid in pool.calls if rid == "rollout-2"] == ["create", "health", "sync", "activate"]
+    engines = client.get("/rollout/engines", headers=AUTH).json()
+    assert engines["total_engines"] == 3
+
+    r = client.post("/rollout/scale_in", json={"num_replicas": 2}, headers=AUTH)
+    op = wait_status(client, "scale_in", r.json()["request_id"], {"COMPLETED", "FAILED"})
+    assert [h["status"] for h in op["history"]] == ["PENDING", "DRAINING", "REMOVING", "COMPLETED"]
+    assert op["engine_ids"] == ["rollout-2"]
+    assert pool.calls[-2:] == [("drain", "rollout-2"), ("remove", "rollout-2")]
+    assert client.get("/rollout/engines", headers=AUTH).json()["total_engines"] == 2
+
+
+def test_noop_when_the_target_is_met(client, pool):
+    r = client.post("/rollout/scale_out", json={"num_replicas": 2}, headers=AUTH)
+    assert r.status_code == 200 and r.json()["status"] == "NOOP"
+    assert client.get(f"/rollout/scale_out/{r.json()['request_id']}", headers=AUTH).json()["status"] == "NOOP"
+    r = client.post("/rollout/scale_in", json={"num_replicas": 2}, headers=AUTH)
+    assert r.json()["status"] == "NOOP"
+    assert pool.calls == []
+
+
+def test_second_operation_while_one_runs_is_409(client, pool):
+    pool.hold["health"] = threading.Event()
+    first = client.post("/rollout/scale_out", json={"num_replicas": 3}, headers=AUTH).json()
+    wait_status(client, "scale_out", first["request_id"], {"HEALTH_CHECKING"})
+    assert client.post("/rollout/scale_out", json={"num_replicas": 4}, headers=AUTH).status_code == 409
+    assert client.post("/rollout/scale_in", json={"num_replicas": 2, "force": True}, headers=AUTH).status_code == 409
+    pool.hold["health"].set()
+    wait_status(client, "scale_out", first["request_id"], {"ACTIVE"})
+    # Once it is done, the next one is accepted.
+    assert client.post("/rollout/scale_out", json={"num_replicas": 4}, headers=AUTH).status_code == 200
+
+
+def test_initial_replicas_cannot_be_removed_and_dry_run_removes_nothing(client, pool):
+    r = client.post("/rollout/scale_in", json={"num_replicas": 1}, headers=AUTH)
+    assert r.status_code == 400 and "initial" in r.json()["detail"]
+    pool.reps["rollout-7"] = {"initial": False, "status": "ACTIVE"}
+    pool.reps["rollout-9"] = {"initial": False, "status": "ACTIVE"}
+    r = client.post("/rollout/scale_in", json={"num_replicas": 3, "dry_run": True}, headers=AUTH)
+    assert r.status_code == 200 and r.json()["status"] == "DRY_RUN"
+    assert r.json()["engine_ids"] == ["rollout-9"]  # newest first
+    assert pool.calls == [] and len(pool.reps) == 4
+    assert client.post("/rollout/scale_in", json={"num_replicas": 0}, headers=AUTH).status_code == 422
+    assert client.post("/rollout/scale_in", json={"num_replicas": 2, "bogus": 1}, headers=AUTH).status_code == 422
+
+
+def test_cancel_rolls_back_and_failure_rolls_back(client, pool):
+    pool.hold["sync"] = threading.Event()
+    op = client.post("/rollout/scale_out", json={"num_replicas": 3}, headers=AUTH).json()
+    wait_status(client, "scale_out", op["request_id"], {"WEIGHT_SYNCING"})
+    r = client.post(f"/rollout/scale_out/{op['request_id']}/cancel", headers=AUTH)
+    assert r.status_code == 200
+    pool.hold["sync"].set()
+    done = wait_status(client, "scale_out", op["request_id"], {"CANCELLED", "ACTIVE", "FAILED"})
+    assert done["status"] == "CANCELLED" and "rollout-2" not in pool.reps
+    assert client.post(f"/rollout/scale_out/{op['request_id']}/cancel", headers=AUTH).status_code == 409
+    assert client.post("/rollout/scale_out/nope/cancel", headers=AUTH).status_code == 404
+    assert client.get("/rollout/scale_in/nope", headers=AUTH).status_code == 404
+
+    pool.fail.add("health")
+    op = client.post("/rollout/scale_out", json={"num_replicas": 3}, headers=AUTH).json()
+    done = wait_status(client, "scale_out", op["request_id"], {"FAILED", "ACTIVE"})
+    assert done["status"] == "FAILED" and "health failed" in done["error_message"]
+    assert len(pool.reps) == 2  # the replica it created is gone again
+
+
+def test_metrics_are_prometheus_text(client):
+    text = client.get("/metrics", headers=AUTH).text
+    assert "# TYPE relax_rollout_replicas gauge" in text
+    assert "relax_rollout_replicas 2" in text
+    assert 'relax_restarts{role="rollout"} 1' in text
+
+
+def test_server_thread_writes_a_private_token_and_answers(tmp_path, pool):
+    server = start_api(tmp_path, ScaleManager(pool), port=0)
+    try:
+        token = (tmp_path / "api_token").read_text().strip()
+        assert stat.S_IMODE(os.stat(tmp_path / "api_token").st_mode) == 0o600
+        with httpx.Client(base_url=server.url) as c:
+            assert c.get("/health").status_code == 200
+            assert c.get("/rollout/engines").status_code == 401
+            assert c.get("/rollout/engines", headers={"Authorization": f"Bearer {token}"}).json()["total_engines"] == 2
+    finally:
+        server.stop()
