@@ -18,6 +18,12 @@ def _load(args):
 
 def cmd_run(args) -> int:
     cfg = _load(args)
+    if getattr(args, "dry_run", False):
+        from relax.plan import format_plan, resolve_plan
+
+        plan = resolve_plan(cfg)
+        print(json.dumps(plan, indent=2) if args.json else format_plan(plan), end="\n" if args.json else "")
+        return 0
     from relax.controller import run_experiment
 
     run_dir, summary = run_experiment(cfg, out=args.out, run=args.run, progress=not args.no_progress)
@@ -46,6 +52,18 @@ def cmd_validate(args) -> int:
     return 0
 
 
+def cmd_export(args) -> int:
+    from relax.export import ExportError, export_run
+
+    try:
+        check = export_run(args.run_dir, args.to)
+    except ExportError as err:
+        print(f"relax export: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps(check, indent=2))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="relax", description="Relax: asynchronous RL post-training engine")
     sub = p.add_subparsers(dest="command", required=True)
@@ -57,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", default="results", help="results root (default: results)")
     run.add_argument("--run", help="run folder name (default: timestamp)")
     run.add_argument("--no-progress", action="store_true")
+    run.add_argument("--dry-run", action="store_true",
+                     help="print the resolved cluster plan (roles, GPUs, placement groups, backends, launch commands)")
+    run.add_argument("--json", action="store_true", help="with --dry-run: the plan as JSON")
     run.set_defaults(func=cmd_run)
 
     sft = sub.add_parser("sft", help="supervised warm-up for a config (cached) and its greedy eval accuracy")
@@ -68,6 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
     val.add_argument("config")
     val.add_argument("overrides", nargs="*")
     val.set_defaults(func=cmd_validate)
+
+    exp = sub.add_parser("export", help="export a run's final weights as a Hugging Face folder")
+    exp.add_argument("run_dir", metavar="RUN_DIR")
+    exp.add_argument("--to", required=True, metavar="DIR", help="output folder (safetensors, config, tokenizer)")
+    exp.set_defaults(func=cmd_export)
 
     from baselines.cli import register as register_baseline
 

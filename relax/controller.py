@@ -221,6 +221,8 @@ class Controller:
                 spans = ray.get(self.telemetry.all_spans.remote())
                 account = ray.get(self.roles["actor"].sample_account.remote())
                 final_state = fetch_weights(self.weights, -1)[1]
+                from relax.export import save_final_weights  # `relax export RUN_DIR --to DIR` reads it
+                save_final_weights(self.run_dir, final_state)
             finally:
                 for r in self.roles.values():
                     ray.kill(r)

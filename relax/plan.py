@@ -1,0 +1,229 @@
+"""`relax run CONFIG --dry-run`: resolve an experiment into the cluster plan it would run, without a GPU.
+
+The plan names every role, its backend (megatron / sglang / torch / CPU), its Ray resources and placement group
+(bundles), the Megatron parallel layout of each Megatron role (TP / PP / CP / EP / expert TP, data parallel size,
+checked against the model's shapes), and the SGLang launch command of every rollout replica.
+
+The experiment schema has no Megatron parallel fields yet, so the layout is derived: TP 2 with sequence
+parallelism, PP 1, CP 1 for dense models, plus EP 8 (expert TP 1) for MoE, as in redai-infra/Relax's Qwen3
+scripts (run-qwen3-4B-16xgpu.sh, run-qwen3-30B-A3B-*.sh); a role with fewer GPUs shrinks TP / EP to fit.
+`resolve_plan(cfg, parallel={...})` overrides it (and `cfg.training.<tp|pp|cp|ep|etp>` wins when such fields
+exist).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+GPUS_PER_NODE = 8  # H800 / H100 nodes
+
+# Public Qwen3 shapes, used when the model folder is not on this machine (a dry run on a laptop).
+QWEN3 = {
+    "qwen3-0.6b": dict(num_hidden_layers=28, hidden_size=1024, num_attention_heads=16, num_key_value_heads=8,
+                       head_dim=128, intermediate_size=3072, vocab_size=151936, tie_word_embeddings=True),
+    "qwen3-4b": dict(num_hidden_layers=36, hidden_size=2560, num_attention_heads=32, num_key_value_heads=8,
+                     head_dim=128, intermediate_size=9728, vocab_size=151936, tie_word_embeddings=True),
+    "qwen3-8b": dict(num_hidden_layers=36, hidden_size=4096, num_attention_heads=32, num_key_value_heads=8,
+                     head_dim=128, intermediate_size=12288, vocab_size=151936, tie_word_embeddings=False),
+    "qwen3-30b-a3b": dict(num_hidden_layers=48, hidden_size=2048, num_attention_heads=32, num_key_value_heads=4,
+                          head_dim=128, intermediate_size=6144, moe_intermediate_size=768, num_experts=128,
+                          num_experts_per_tok=8, vocab_size=151936, tie_word_embeddings=False),
+}
+
+MEGATRON_ROLES = ("actor", "reference", "actor_fwd", "critic")
+
+
+def model_facts(cfg) -> tuple[dict | None, str]:
+    """The model's HF config (dict) and where it came from."""
+    m = cfg.model
+    if m.kind in ("tiny_qwen3", "tiny_qwen3_moe"):
+        from relax.models import tiny_config
+        from relax.models.tokenizer import CharTokenizer
+
+        return tiny_config(m, CharTokenizer.vocab_size).to_dict(), "built from model.* fields"
+    if m.kind == "hf" and m.path:
+        conf = Path(m.path) / "config.json"
+        if conf.is_file():
+            return json.loads(conf.read_text()), str(conf)
+        key = Path(m.path).name.lower()
+        if key in QWEN3:
+            return dict(QWEN3[key]), f"built-in Qwen3 table ({Path(m.path).name}; folder not on this machine)"
+    return None, "unknown (model folder not on this machine)"
+
+
+def _roles(cfg) -> list[str]:
+    names = ["rollout", "reward", "advantages", "actor"]
+    if cfg.algorithm.kl_coef > 0:
+        names.insert(2, "reference")
+    r = cfg.resources.actor_fwd
+    if r.cpus > 0 or r.gpus > 0:
+        names.append("actor_fwd")
+    if cfg.algorithm.advantage == "gae":
+        names.append("critic")
+    return names
+
+
+def _res(cfg, role):
+    return getattr(cfg.resources, role, None) or getattr(cfg.resources, "actor")
+
+
+def megatron_layout(cfg, gpus: int, hf: dict | None, override: dict | None = None) -> dict:
+    """TP / PP / CP / EP / expert TP / DP for one Megatron role on `gpus` GPUs, with the problems found."""
+    moe = bool(hf and (hf.get("num_experts") or hf.get("num_local_experts")))
+    lay = {"tp": 2, "pp": 1, "cp": 1, "ep": 8 if moe else 1, "etp": 1}
+    for k in lay:
+        v = getattr(cfg.training, k, None)
+        if v is not None:
+            lay[k] = int(v)
+    lay.update(override or {})
+    problems = []
+    while lay["tp"] > 1 and gpus % (lay["tp"] * lay["pp"] * lay["cp"]):
+        lay["tp"] //= 2
+    model_par = lay["tp"] * lay["pp"] * lay["cp"]
+    if gpus < 1 or gpus % model_par:
+        problems.append(f"{gpus} GPUs cannot hold TP {lay['tp']} x PP {lay['pp']} x CP {lay['cp']}")
+    dp = max(gpus // model_par, 1)
+    if moe:
+        experts = hf.get("num_experts") or hf.get("num_local_experts")
+        while lay["ep"] > 1 and ((dp * lay["tp"] * lay["cp"]) % (lay["ep"] * lay["etp"]) or experts % lay["ep"]):
+            lay["ep"] //= 2
+    else:
+        lay["ep"], lay["etp"] = 1, 1
+    if hf:
+        from relax.trainers.megatron.convert import Parallel, QwenLayout
+
+        try:
+            Parallel(tp=lay["tp"], pp=lay["pp"], ep=lay["ep"], etp=lay["etp"]).check(
+                QwenLayout.from_hf_config(hf, tp=lay["tp"]))
+        except ValueError as e:
+            problems.append(str(e))
+    return {**lay, "dp": dp, "sequence_parallel": lay["tp"] > 1, "moe": moe,
+            "expert_layout": "te_grouped" if moe else None, "problems": problems}
+
+
+def resolve_plan(cfg, *, parallel: dict | None = None, gpus_per_node: int = GPUS_PER_NODE, base_port: int = 30000) -> dict:
+    from relax.engines.sglang import engine_tp_size, sglang_command
+
+    hf, source = model_facts(cfg)
+    roles = _roles(cfg)
+    colocate = cfg.mode == "colocate"
+    gpu_roles = [r for r in roles if _res(cfg, r).gpus > 0]
+    gpus = {r: _res(cfg, r).gpus for r in roles}
+    total = int(max(gpus.values(), default=0) if colocate else sum(gpus.values()))
+    problems: list[str] = []
+    plan: dict = {
+        "experiment": cfg.name, "profile": cfg.profile, "mode": cfg.mode, "max_staleness": cfg.max_staleness,
+        "cluster": {"gpus": total, "gpus_per_node": gpus_per_node, "nodes": max(1, math.ceil(total / gpus_per_node)),
+                    "join": "head: `ray start --head --port=6379`; others: `ray start --address=HEAD_IP:6379`; "
+                            "then run `relax run` on any node (RAY_ADDRESS=auto)"},
+        "model": {"kind": cfg.model.kind, "path": cfg.model.path, "config_source": source,
+                  "layers": hf and hf.get("num_hidden_layers"),
+                  "moe": bool(hf and (hf.get("num_experts") or hf.get("num_local_experts")))},
+        "roles": [], "placement_groups": [], "megatron": {}, "rollout": {}, "problems": problems,
+    }
+    if colocate and gpu_roles:
+        n = total
+        plan["placement_groups"].append({"name": "colocate", "strategy": "PACK",
+                                         "bundles": [{"GPU": 1, "CPU": 1}] * n, "shared_by": gpu_roles})
+        share = {"actor": 0.5, "rollout": 0.25}
+        rest = [r for r in gpu_roles if r not in share]
+        for r in rest:
+            share[r] = round(0.25 / max(len(rest), 1), 4)
+    for role in roles:
+        res = _res(cfg, role)
+        if role == "rollout":
+            backend = cfg.rollout.engine
+        elif role in MEGATRON_ROLES:
+            backend = cfg.training.trainer if res.gpus > 0 or cfg.training.trainer == "torch" else "torch"
+        elif role == "reward":
+            backend = f"rule ({cfg.task.reward}), CPU"
+        else:
+            backend = "CPU"
+        entry = {"role": role, "backend": backend, "cpus": res.cpus, "gpus": res.gpus, "placement_group": None,
+                 "workers": 1}
+        if res.gpus > 0:
+            if colocate:
+                entry["placement_group"] = "colocate"
+                entry["gpu_fraction_per_bundle"] = share[role]
+            else:
+                entry["placement_group"] = f"{role}_pg"
+            if role == "rollout" and cfg.rollout.engine == "sglang":
+                try:
+                    tp = engine_tp_size(cfg)
+                except ValueError as e:
+                    problems.append(str(e))
+                    tp = 1
+                entry["workers"] = cfg.rollout.replicas
+                bundles = [{"GPU": tp, "CPU": 1}] * cfg.rollout.replicas
+            else:
+                entry["workers"] = int(res.gpus)
+                bundles = [{"GPU": 1, "CPU": 1}] * int(res.gpus)
+            if not colocate:
+                plan["placement_groups"].append({"name": f"{role}_pg", "strategy": "PACK", "bundles": bundles,
+                                                 "shared_by": [role]})
+        plan["roles"].append(entry)
+        if backend == "megatron":
+            lay = megatron_layout(cfg, int(res.gpus), hf, parallel)
+            lay["forward_only"] = role != "actor"
+            lay["micro_batch_tokens"] = cfg.training.micro_batch_tokens
+            problems += [f"{role}: {p}" for p in lay["problems"]]
+            plan["megatron"][role] = lay
+    if cfg.rollout.engine == "sglang":
+        cmds, rp = [], plan["rollout"]
+        try:
+            tp = engine_tp_size(cfg)
+            for r in range(cfg.rollout.replicas):
+                port = base_port + 2 * r
+                cmds.append({"replica": r, "gpus": tp, "bundle": r, "port": port,
+                             "command": sglang_command(cfg, r, port=port, nccl_port=base_port + 1000 + r)})
+        except ValueError as e:
+            if str(e) not in problems:
+                problems.append(str(e))
+            tp = None
+        rp.update({"backend": "sglang", "replicas": cfg.rollout.replicas, "gpus_per_engine": tp, "commands": cmds,
+                   "return_routed_experts": plan["model"]["moe"]})
+        world = 1 + cfg.rollout.replicas * (tp or 1)
+        rp["weight_sync"] = ("CUDA IPC / disk after the actor trains (engines sleep with --enable-memory-saver)"
+                             if colocate else f"DCS NCCL broadcast, actor rank 0 + engine ranks (world {world}), "
+                                              "bucketed, pause -> flush -> update -> continue")
+    else:
+        plan["rollout"] = {"backend": "torch", "replicas": cfg.rollout.replicas, "commands": []}
+    return plan
+
+
+def format_plan(plan: dict) -> str:
+    from tabulate import tabulate
+
+    c, m = plan["cluster"], plan["model"]
+    out = [f"experiment {plan['experiment']} / {plan['profile']}: mode {plan['mode']}, max_staleness "
+           f"{plan['max_staleness']}",
+           f"cluster: {c['gpus']} GPUs on {c['nodes']} node(s) x {c['gpus_per_node']}; {c['join']}",
+           f"model: {m['kind']} {m['path'] or ''} ({m['layers']} layers, {'MoE' if m['moe'] else 'dense'}; "
+           f"config: {m['config_source']})", ""]
+    rows = [[r["role"], r["backend"], r["cpus"], r["gpus"], r["workers"], r["placement_group"] or "-",
+             r.get("gpu_fraction_per_bundle", "")] for r in plan["roles"]]
+    out.append(tabulate(rows, headers=["role", "backend", "cpus", "gpus", "workers", "placement group",
+                                       "GPU share"]))
+    if plan["placement_groups"]:
+        out.append("")
+        rows = []
+        for pg in plan["placement_groups"]:
+            b = pg["bundles"]
+            rows.append([pg["name"], pg["strategy"], f"{len(b)} x {json.dumps(b[0]) if b else '{}'}",
+                         ", ".join(pg["shared_by"])])
+        out.append(tabulate(rows, headers=["placement group", "strategy", "bundles", "roles"]))
+    if plan["megatron"]:
+        out.append("")
+        rows = [[role, lay["tp"], lay["pp"], lay["cp"], lay["ep"], lay["etp"], lay["dp"],
+                 "yes" if lay["sequence_parallel"] else "no", "forward" if lay["forward_only"] else "train"]
+                for role, lay in plan["megatron"].items()]
+        out.append(tabulate(rows, headers=["megatron role", "TP", "PP", "CP", "EP", "expert TP", "DP", "SP", "work"]))
+    rp = plan["rollout"]
+    if rp.get("commands"):
+        out += ["", f"SGLang engines: {rp['replicas']} x {rp['gpus_per_engine']} GPU(s); weight sync: "
+                    f"{rp['weight_sync']}"]
+        out += [f"  [{c['replica']}] {c['command']}" for c in rp["commands"]]
+    out += ["", "problems: " + ("none" if not plan["problems"] else "; ".join(plan["problems"]))]
+    return "\n".join(out) + "\n"

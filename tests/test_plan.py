@@ -1,0 +1,74 @@
+"""`relax run CONFIG --dry-run`: the h800x16 experiments resolve into a complete cluster plan without a GPU."""
+
+import json
+
+from relax.cli import main
+from relax.config import load_config
+from relax.plan import resolve_plan
+
+
+def test_async_plan_has_every_role_pool_and_launch_command():
+    plan = resolve_plan(load_config("experiments/async/h800x16.yaml"))
+    assert plan["problems"] == []
+    assert plan["cluster"]["gpus"] == 16 and plan["cluster"]["nodes"] == 2
+    roles = {r["role"]: r for r in plan["roles"]}
+    assert set(roles) == {"rollout", "reward", "reference", "advantages", "actor", "actor_fwd"}
+    assert roles["actor"]["backend"] == "megatron" and roles["rollout"]["backend"] == "sglang"
+    assert roles["reward"]["gpus"] == 0 and roles["reward"]["placement_group"] is None
+    pgs = {pg["name"]: pg for pg in plan["placement_groups"]}
+    assert sum(sum(b["GPU"] for b in pg["bundles"]) for pg in pgs.values()) == 16  # separate pools in async mode
+    assert len(pgs["actor_pg"]["bundles"]) == 8 and len(pgs["rollout_pg"]["bundles"]) == 4
+    actor = plan["megatron"]["actor"]
+    assert (actor["tp"], actor["pp"], actor["cp"], actor["ep"], actor["dp"]) == (2, 1, 1, 1, 4)
+    assert actor["sequence_parallel"] and not actor["forward_only"] and plan["megatron"]["reference"]["forward_only"]
+    cmds = plan["rollout"]["commands"]
+    assert len(cmds) == 4 and len({c["port"] for c in cmds}) == 4
+    assert all("sglang.launch_server" in c["command"] and "--model-path /models/Qwen3-4B" in c["command"]
+               for c in cmds)
+    assert "NCCL" in plan["rollout"]["weight_sync"]
+
+
+def test_colocate_plan_shares_one_placement_group():
+    plan = resolve_plan(load_config("experiments/colocate/h800x16.yaml"))
+    assert plan["problems"] == [] and plan["cluster"]["gpus"] == 16
+    (pg,) = plan["placement_groups"]
+    assert len(pg["bundles"]) == 16 and set(pg["shared_by"]) == {"actor", "rollout", "reference"}
+    shares = [r["gpu_fraction_per_bundle"] for r in plan["roles"] if r["gpus"] > 0]
+    assert abs(sum(shares) - 1.0) < 1e-6
+    assert len(plan["rollout"]["commands"]) == 16
+    assert all("--enable-memory-saver" in c["command"] for c in plan["rollout"]["commands"])
+    assert plan["megatron"]["actor"]["dp"] == 8
+
+
+def test_moe_plan_uses_expert_parallelism_and_routed_experts():
+    cfg = load_config("experiments/async/h800x16.yaml", ["model.path=/models/Qwen3-30B-A3B"])
+    plan = resolve_plan(cfg)
+    assert plan["problems"] == [] and plan["model"]["moe"]
+    assert plan["megatron"]["actor"]["ep"] == 8 and plan["megatron"]["actor"]["etp"] == 1
+    assert plan["megatron"]["reference"]["ep"] == 2  # 2 GPUs: EP shrinks to fit TP x DP
+    assert all("--enable-return-routed-experts" in c["command"] for c in plan["rollout"]["commands"])
+
+
+def test_a_layout_that_does_not_fit_the_model_is_reported(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(dict(
+        num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        intermediate_size=128, vocab_size=98, tie_word_embeddings=True)))
+    cfg = load_config("experiments/async/h800x16.yaml", [f"model.path={tmp_path}"])
+    plan = resolve_plan(cfg, parallel={"tp": 4})
+    assert any("num_kv_heads=2 is not divisible by tp=4" in p for p in plan["problems"])
+    assert plan["model"]["config_source"].endswith("config.json")
+
+
+def test_cpu_config_plans_torch_backends():
+    plan = resolve_plan(load_config("experiments/async/cpu.yaml"))
+    assert {r["backend"] for r in plan["roles"] if r["role"] in ("actor", "rollout")} == {"torch"}
+    assert plan["placement_groups"] == [] and plan["rollout"]["commands"] == [] and plan["cluster"]["gpus"] == 0
+
+
+def test_cli_dry_run_prints_table_and_json(capsys):
+    assert main(["run", "experiments/async/h800x16.yaml", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "megatron role" in out and "sglang.launch_server" in out and "ray start --head" in out
+    assert main(["run", "experiments/colocate/h800x16.yaml", "--dry-run", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["mode"] == "colocate" and plan["cluster"]["nodes"] == 2
