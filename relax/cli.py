@@ -28,7 +28,7 @@ def cmd_run(args) -> int:
 
     run_dir, summary = run_experiment(cfg, out=args.out, run=args.run, progress=not args.no_progress)
     keys = ["steps", "steps_per_hour", "mean_step_time_s", "initial_reward", "final_reward",
-            "eval_accuracy_start", "eval_accuracy_end", "staleness_max",
+            "eval_accuracy_start", "eval_accuracy_end", "eval_reward_start", "eval_reward_end", "staleness_max",
             "pipeline_efficiency", "trainer_wait_share", "peak_memory_mb", "samples_lost", "samples_duplicated"]
     print(json.dumps({k: summary[k] for k in keys if k in summary}, indent=2))
     print(f"results: {run_dir}")

@@ -30,6 +30,9 @@ class ModelConfig(Strict):
     num_kv_heads: int = Field(2, ge=1)
     intermediate_size: int = Field(256, ge=8)
     max_position: int = Field(256, ge=16)
+    # Untied by default for the tiny char-level models: with tied weights, every push on an output logit
+    # also moves that character's input embedding, which RL on answers then drags into the prompts.
+    tie_embeddings: bool = False
     num_experts: int = Field(8, ge=1)
     experts_per_token: int = Field(2, ge=1)
 
@@ -61,6 +64,9 @@ class TaskConfig(Strict):
     params: dict[str, Any] = Field(default_factory=dict)
     size: int = Field(2000, ge=1)
     eval_size: int = Field(64, ge=0)
+    # Distinct training prompts the rollout cycles through (None: all `size`). A small pool turns RL into
+    # a fast, bounded check that reward rises; the warm-up always sees the whole task.
+    rl_pool: int | None = Field(None, ge=1)
     reward: Literal["reasoning_gym", "math_verify", "exact"] = "reasoning_gym"
     # The prompt template wraps the task's question; `{question}` is required.
     prompt_template: str = "{question} Answer:"

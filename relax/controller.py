@@ -31,7 +31,7 @@ from relax.roles.advantages import AdvantagesRole
 from relax.roles.reference import ReferenceRole
 from relax.roles.reward import RewardRole
 from relax.roles.rollout import RolloutRole
-from relax.evaluate import greedy_accuracy
+from relax.evaluate import greedy_accuracy, sampled_reward
 from relax.weights.store import WeightStore, fetch_weights
 
 log = logging.getLogger(__name__)
@@ -231,7 +231,8 @@ class Controller:
         (self.run_dir / "trace.json").write_text(json.dumps(chrome_trace(spans, t_start)))
         rows = self.write_metrics(t_start, spans)
         # Greedy accuracy on held-out prompts, before and after RL (the warm-up start vs the trained policy).
-        evals = {"eval_accuracy_start": greedy_accuracy(cfg, state), "eval_accuracy_end": greedy_accuracy(cfg, final_state)}
+        evals = {"eval_accuracy_start": greedy_accuracy(cfg, state), "eval_accuracy_end": greedy_accuracy(cfg, final_state),
+                 "eval_reward_start": sampled_reward(cfg, state), "eval_reward_end": sampled_reward(cfg, final_state)}
         return self.write_summary(rows, t_start, spans, account, evals)
 
 

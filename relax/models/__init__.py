@@ -42,7 +42,7 @@ def tiny_config(cfg: ModelConfig, vocab_size: int):
         head_dim=cfg.hidden_size // cfg.num_heads,
         intermediate_size=cfg.intermediate_size,
         max_position_embeddings=cfg.max_position,
-        tie_word_embeddings=True,
+        tie_word_embeddings=cfg.tie_embeddings,
         pad_token_id=CharTokenizer.pad_token_id,
         bos_token_id=CharTokenizer.bos_token_id,
         eos_token_id=CharTokenizer.eos_token_id,

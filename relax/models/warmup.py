@@ -26,7 +26,8 @@ def cache_root() -> Path:
 
 
 def warmup_key(cfg: ExperimentConfig) -> str:
-    blob = json.dumps({"model": cfg.model.model_dump(mode="json"), "task": cfg.task.model_dump(mode="json"),
+    task = cfg.task.model_dump(mode="json", exclude={"rl_pool", "eval_size"})  # RL-only knobs
+    blob = json.dumps({"model": cfg.model.model_dump(mode="json"), "task": task,
                        "warmup": cfg.warmup.model_dump(mode="json"), "seed": cfg.seed}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

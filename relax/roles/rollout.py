@@ -29,6 +29,7 @@ class RolloutRole(ModelRole):
         self.data = make_task(cfg.task, cfg.seed, "train")
         self.order = list(range(len(self.data)))
         random.Random(cfg.seed).shuffle(self.order)
+        self.order = self.order[: cfg.task.rl_pool]
         self.sync_weights(min_version=0)
 
     def load_state(self, state, version):
