@@ -67,7 +67,8 @@ class TaskConfig(Strict):
     # Distinct training prompts the rollout cycles through (None: all `size`). A small pool turns RL into
     # a fast, bounded check that reward rises; the warm-up always sees the whole task.
     rl_pool: int | None = Field(None, ge=1)
-    reward: Literal["reasoning_gym", "math_verify", "exact"] = "reasoning_gym"
+    # genrm: a generative judge served as its own role (the `genrm` section).
+    reward: Literal["reasoning_gym", "math_verify", "exact", "multiple_choice", "format", "genrm"] = "reasoning_gym"
     # The prompt template wraps the task's question; `{question}` is required.
     prompt_template: str = "{question} Answer:"
 
@@ -88,6 +89,34 @@ class AlgorithmConfig(Strict):
     kl_coef: float = Field(0.0, ge=0)
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     params: dict[str, Any] = Field(default_factory=dict)
+    dynamic_sampling: "DynamicSamplingConfig" = Field(default_factory=lambda: DynamicSamplingConfig())
+
+
+class DynamicSamplingConfig(Strict):
+    """DAPO dynamic sampling: groups whose rewards are all equal are dropped (relax/roles/advantages.py)."""
+
+    enabled: bool = False
+    # Rollout generates up to max_batches x prompts_per_step groups per step to refill dropped ones.
+    max_batches: int = Field(3, ge=1)
+
+
+class TeacherConfig(Strict):
+    """On-policy distillation teacher (relax/roles/teacher.py): `model` (None: the policy's architecture)
+    warm-started for `warmup_steps` (None: 3 x warmup.steps), i.e. the warm-up trained longer."""
+
+    model: ModelConfig | None = None
+    warmup_steps: int | None = Field(None, ge=0)
+
+
+class GenRMConfig(Strict):
+    """Generative reward model (relax/roles/genrm.py): a causal LM judge; `{question}`, `{response}` and
+    `{answer}` fill the template, the first number of its reply is the score (clipped to [0, 1])."""
+
+    model: ModelConfig = Field(default_factory=lambda: ModelConfig())
+    template: str = ("Question: {question}\nReference answer: {answer}\nResponse: {response}\n"
+                     "Is the response correct? Score 0 or 1:")
+    timeout_s: float = Field(10.0, gt=0)  # per batch; a timed-out or failed row scores 0 with reward_error set
+    max_new_tokens: int = Field(4, ge=1)
 
 
 class RolloutConfig(Strict):
@@ -130,6 +159,9 @@ class ResourcesConfig(Strict):
     advantages: RoleResources = _res(0.25)
     # Recomputes old log-probs with the trainer's current weights (the paper's ActorFwd); cpus 0 = not started.
     actor_fwd: RoleResources = _res(0.0)
+    critic: RoleResources = _res(0.25)  # started when algorithm.advantage is gae
+    teacher: RoleResources = _res(0.25)  # started when algorithm.policy_loss is opd
+    genrm: RoleResources = _res(0.25)  # started when task.reward is genrm
 
 
 class BusConfig(Strict):
@@ -156,6 +188,8 @@ class ExperimentConfig(Strict):
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
     bus: BusConfig = Field(default_factory=BusConfig)
+    teacher: TeacherConfig = Field(default_factory=TeacherConfig)
+    genrm: GenRMConfig = Field(default_factory=GenRMConfig)
 
     @model_validator(mode="after")
     def _check(self) -> "ExperimentConfig":

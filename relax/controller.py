@@ -31,12 +31,16 @@ from relax.roles.advantages import AdvantagesRole
 from relax.roles.reference import ReferenceRole
 from relax.roles.reward import RewardRole
 from relax.roles.rollout import RolloutRole
+from relax.roles.critic import CriticRole
+from relax.roles.genrm import GenRMRole
+from relax.roles.teacher import TeacherRole
 from relax.evaluate import greedy_accuracy, sampled_reward
 from relax.weights.store import WeightStore, fetch_weights
 
 log = logging.getLogger(__name__)
 ROLE_CLASSES = {"rollout": RolloutRole, "reward": RewardRole, "reference": ReferenceRole,
-                "advantages": AdvantagesRole, "actor": ActorRole}
+                "advantages": AdvantagesRole, "actor": ActorRole,
+                "critic": CriticRole, "teacher": TeacherRole, "genrm": GenRMRole}
 
 
 def make_run_dir(cfg: ExperimentConfig, out: str | Path, run: str | None = None) -> Path:
@@ -97,6 +101,12 @@ class Controller:
         names = ["rollout", "reward", "advantages", "actor"]
         if self.cfg.algorithm.kl_coef > 0:
             names.insert(2, "reference")
+        # Optional services, before Advantages (which reads their fields); genrm replaces the rule-based reward.
+        alg = self.cfg.algorithm
+        extra = ["teacher"] * (alg.policy_loss == "opd") + ["critic"] * (alg.advantage == "gae")
+        names[-2:-2] = extra
+        if self.cfg.task.reward == "genrm":
+            names[names.index("reward")] = "genrm"
         return names
 
     def start_roles(self, initial_state) -> None:

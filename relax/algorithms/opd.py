@@ -25,7 +25,7 @@ def opd_token_advantage(student_logp: Tensor, teacher_logp: Tensor, coef: float)
     return (-coef * (student_logp.float() - teacher_logp.float())).detach()
 
 
-@register_policy_loss("opd")
+@register_policy_loss("opd", params={"opd_coef": 1.0, "task_reward": True})  # read by relax/roles/teacher.py
 def opd_loss(
     log_probs: Tensor,
     old_log_probs: Tensor,

@@ -74,3 +74,4 @@ def get_reward(name: str) -> Callable[[str, Prompt], float]:
     here rather than on every row."""
     _rule(name)
     return partial(_score, name)
+from relax.rewards import genrm as _genrm  # noqa: E402,F401  registers "genrm" (relax/rewards/genrm.py)

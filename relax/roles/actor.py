@@ -32,6 +32,7 @@ class ActorRole(ModelRole):
         self.trainer = TorchTrainer(self.model, self.tokenizer.pad_token_id, cfg)
         self.telemetry = telemetry
         self.fields = TRAIN_FIELDS + (["ref_log_probs"] if cfg.algorithm.kl_coef > 0 else [])
+        self.fields += ["keep"] * cfg.algorithm.dynamic_sampling.enabled  # DAPO marks from Advantages
         self.trained_ids: list[int] = []
 
     def publish(self, version: int) -> float:
@@ -56,16 +57,22 @@ class ActorRole(ModelRole):
         # Accumulate with unit denominators; divide the gradients by the true ones once all rows are seen.
         unit = LossScale(total_tokens=1, total_seqs=1)
         rewards, versions, tokens, seqs, losses = [], [], 0, 0, []
+        dropped = 0
         for mb in loader:
             with self.rec.span("train_micro_batch", step=k, rows=mb.size):
                 data = dict(mb.data)
                 data["old_log_probs"] = data.get("old_log_probs", data["rollout_log_probs"])
-                losses.append(self.trainer.accumulate(data, unit))
+                keep = [i for i, x in enumerate(data.get("keep", [1] * mb.size)) if int(x)]  # DAPO: skip the groups
+                if len(keep) < mb.size:  # Advantages marked degenerate (their ids stay in the ledger)
+                    data = {f: v[keep] if isinstance(v, torch.Tensor) else [v[i] for i in keep] for f, v in data.items()}
+                dropped += mb.size - len(keep)
+                if keep:
+                    losses.append(self.trainer.accumulate(data, unit))
             rewards += mb["rewards"].tolist()
             versions += mb["weight_version"].tolist()
             self.trained_ids += mb["sample_id"].tolist()
-            tokens += int(sum(len(r) for r in mb["response_ids"]))
-            seqs += mb.size
+            tokens += int(sum(len(r) for r in data["response_ids"]))
+            seqs += len(keep)
         with self.rec.span("optimizer_step", step=k):
             denom = tokens if cfg.algorithm.loss_agg == "token-mean" else seqs
             for p in self.model.parameters():
@@ -90,6 +97,7 @@ class ActorRole(ModelRole):
             "weight_version": k + 1,
             "loss": sum(m["loss"] for m in losses) / max(denom, 1),
             **step_metrics,
+            **({"samples_dropped": dropped} if "keep" in self.fields else {}),
         }
         for key in ("clip_frac", "approx_kl", "kl"):
             vals = [m[key] for m in losses if key in m]

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import ray
 
-from relax.algorithms import AdvantageInput, get_advantage
+from relax.algorithms import AdvantageInput, filter_groups, get_advantage
+from relax.roles.teacher import opd_inputs
 from relax.roles.base import Role
 from relax.trainers import pad_right
 
@@ -19,10 +20,25 @@ class AdvantagesRole(Role):
     def __init__(self, cfg, bus, telemetry, weights, threads):
         super().__init__(cfg, bus, telemetry, weights, threads)
         self.estimator = get_advantage(cfg.algorithm.advantage)
+        # Optional inputs/outputs: critic values + returns (gae), teacher log-probs (opd), DAPO keep mask.
+        alg = cfg.algorithm
+        self.fields = self.fields + ["values"] * (alg.advantage == "gae") + \
+            ["rollout_log_probs", "teacher_log_probs"] * (alg.policy_loss == "opd")
+        self.outputs = self.outputs + ["returns"] * (alg.advantage == "gae") + ["keep"] * alg.dynamic_sampling.enabled
 
     def compute(self, batch):
         lengths = [len(r) for r in batch["response_ids"]]
         mask = pad_right([r.new_ones(len(r)).float() for r in batch["response_ids"]], dtype=None)
-        inp = AdvantageInput(rewards=batch["rewards"].float(), group_index=batch["group_id"], response_mask=mask)
-        adv, _ = self.estimator(inp, self.cfg.algorithm)
-        return {"advantages": [adv[i, :n].clone() for i, n in enumerate(lengths)]}
+        rewards, token_rewards, alg = batch["rewards"].float(), None, self.cfg.algorithm
+        values = pad_right([v.float() for v in batch["values"]], dtype=None) if "values" in self.fields else None
+        if "teacher_log_probs" in self.fields:  # OPD: -coef (logp_student - logp_teacher) per token
+            rewards, token_rewards, alg = opd_inputs(batch, self.cfg, mask)
+        inp = AdvantageInput(rewards=rewards, group_index=batch["group_id"], response_mask=mask, values=values,
+                             token_rewards=token_rewards)
+        adv, ret = self.estimator(inp, alg)
+        out = {"advantages": [adv[i, :n].clone() for i, n in enumerate(lengths)]}
+        if values is not None:  # the critic's targets
+            out["returns"] = [ret[i, :n].clone() for i, n in enumerate(lengths)]
+        if "keep" in self.outputs:  # DAPO: groups with all-equal rewards are marked; the Actor skips them
+            out["keep"] = filter_groups(batch["rewards"].float(), batch["group_id"]).long()
+        return out
