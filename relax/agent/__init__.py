@@ -1,0 +1,9 @@
+"""Agentic multi-turn rollouts: environments, tools, trajectories with loss masks, the rollout driver."""
+
+from relax.agent.env import Environment, MediaRef, Observation, Session, StepResult, ToolEnv
+from relax.agent.rollout import MultiTurnRollout, cut_after
+from relax.agent.tools import ToolBox, calculate, parse_tool_call, run_python
+from relax.agent.trajectory import Trajectory, trajectory_rows
+
+__all__ = ["Environment", "MediaRef", "MultiTurnRollout", "Observation", "Session", "StepResult", "ToolBox",
+           "ToolEnv", "Trajectory", "calculate", "cut_after", "parse_tool_call", "run_python", "trajectory_rows"]

@@ -1,0 +1,60 @@
+"""Omni tasks with exactly known answers, graded by rule.
+
+`digit_sum`: the model sees a handwritten digit (image, scikit-learn digits) and hears a DTMF digit (audio),
+or watches a short video whose frames show the digit and whose soundtrack is the DTMF tone; it must answer
+the sum (0..18). Train and eval use disjoint digit images (index % 5 == 0 is eval).
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+from dataclasses import dataclass
+
+from relax.omni.media import digits, dtmf, video_dir, write_video
+
+QUESTION = " sum="
+
+
+@dataclass(frozen=True)
+class OmniItem:
+    index: int
+    media: dict  # {"image": uri, "audio": uri} or {"video": path}
+    text: str
+    answer: str
+    kind: str  # "image_audio" | "video"
+
+
+class DigitSumTask:
+    def __init__(self, split: str, size: int = 4096, video_every: int = 4, n_videos: int = 16, seed: int = 0):
+        if split not in ("train", "eval"):
+            raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+        _, labels = digits()
+        self.split, self.size, self.video_every, self.n_videos, self.seed = split, size, video_every, n_videos, seed
+        self.pool = [i for i in range(len(labels)) if (i % 5 == 0) == (split == "eval")]
+        self.labels = labels
+
+    def __len__(self) -> int:
+        return self.size
+
+    def _draw(self, key: int) -> tuple[int, int, int]:
+        rng = random.Random(f"{self.seed}-{self.split}-{key}")
+        return rng.choice(self.pool), rng.randrange(10), rng.randrange(1 << 30)
+
+    @functools.lru_cache(maxsize=None)
+    def __getitem__(self, i: int) -> OmniItem:
+        i %= self.size
+        if self.video_every and i % self.video_every == self.video_every - 1:
+            v = (i // self.video_every) % self.n_videos
+            img, b, s = self._draw(-1 - v)
+            path = video_dir() / f"digit_sum-{self.seed}-{self.split}-{v}.mp4"
+            if not path.exists():
+                write_video(path, digits()[0][img], dtmf(b, s))
+            return OmniItem(i, {"video": str(path)}, QUESTION, str(int(self.labels[img]) + b), "video")
+        img, b, s = self._draw(i)
+        return OmniItem(i, {"image": f"digits://{img}", "audio": f"dtmf://{b}/{s}"}, QUESTION,
+                        str(int(self.labels[img]) + b), "image_audio")
+
+    @staticmethod
+    def score(item: OmniItem, response_text: str) -> float:
+        return float(response_text.strip() == item.answer)
