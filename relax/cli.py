@@ -26,7 +26,8 @@ def cmd_run(args) -> int:
         return 0
     from relax.controller import run_experiment
 
-    run_dir, summary = run_experiment(cfg, out=args.out, run=args.run, progress=not args.no_progress)
+    run_dir, summary = run_experiment(cfg, out=args.out, run=args.run, progress=not args.no_progress,
+                                      api_port=args.api_port)
     keys = ["steps", "steps_per_hour", "mean_step_time_s", "initial_reward", "final_reward",
             "eval_accuracy_start", "eval_accuracy_end", "eval_reward_start", "eval_reward_end", "staleness_max",
             "pipeline_efficiency", "trainer_wait_share", "peak_memory_mb", "samples_lost", "samples_duplicated"]
@@ -75,6 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", default="results", help="results root (default: results)")
     run.add_argument("--run", help="run folder name (default: timestamp)")
     run.add_argument("--no-progress", action="store_true")
+    run.add_argument("--api-port", type=int, help="serve the control API (elastic scaling) on this port (0: any "
+                     "free one); token in <run_dir>/api_token, address in <run_dir>/api.json")
     run.add_argument("--dry-run", action="store_true",
                      help="print the resolved cluster plan (roles, GPUs, placement groups, backends, launch commands)")
     run.add_argument("--json", action="store_true", help="with --dry-run: the plan as JSON")
@@ -94,6 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("run_dir", metavar="RUN_DIR")
     exp.add_argument("--to", required=True, metavar="DIR", help="output folder (safetensors, config, tokenizer)")
     exp.set_defaults(func=cmd_export)
+
+    from relax.api.cli import register as register_scale
+
+    register_scale(sub)
 
     from baselines.cli import register as register_baseline
 

@@ -170,6 +170,47 @@ class BusConfig(Strict):
     storage_units: int = Field(1, ge=1)
 
 
+class DCSConfig(Strict):
+    """Weight sync between roles (relax/weights/dcs.py)."""
+
+    # gloo: bucketed torch.distributed transfers from live peers (NCCL when the weights live on a GPU);
+    # object_store: Ray's object store (the first version's path, kept for comparison).
+    transport: Literal["object_store", "gloo"] = "gloo"
+    bucket_mb: float = Field(64.0, gt=0)  # transfer bucket (staging buffers are cut into buckets of this size)
+    timeout_s: float = Field(60.0, gt=0)  # a transfer that stalls this long fails and is retried from another peer
+
+
+class HealthConfig(Strict):
+    """Heartbeats and recovery (relax/fault/)."""
+
+    heartbeat_s: float = Field(0.5, gt=0)
+    heartbeat_timeout_s: float = Field(30.0, gt=0)  # a role silent this long is killed and restarted
+    max_role_restarts: int = Field(3, ge=0)  # Tier 1 restarts of one role before a Tier 2 global restart
+    checkpoint_every: int = Field(2, ge=0)  # Actor optimizer-state checkpoint period in steps (0: never)
+
+
+class FaultSpec(Strict):
+    """An injected fault: fires once the Actor has finished `at_step` steps, plus `after_s` seconds."""
+
+    role: Literal["rollout", "reward", "reference", "advantages", "actor"]
+    at_step: int = Field(..., ge=0)
+    kind: Literal["kill", "delay", "slow"] = "kill"  # SIGKILL | SIGSTOP for duration_s | run duty share of the time
+    replica: int = Field(0, ge=0)  # which rollout replica
+    after_s: float = Field(0.0, ge=0)
+    duration_s: float = Field(2.0, gt=0)
+    duty: float = Field(0.25, gt=0, lt=1)
+
+
+class MoEConfig(Strict):
+    """Mixture-of-experts options (relax/moe/)."""
+
+    # Rollout Routing Replay (R3, arXiv 2510.11370): the rollout records each token's top-k experts per MoE
+    # layer (bus field rollout_routed_experts); the Actor and the log-prob roles replay them in their forwards.
+    r3: bool = False
+    # Also record and replay the prompt tokens' experts (otherwise the trainer routes prompt tokens itself).
+    r3_prompt: bool = True
+
+
 class ExperimentConfig(Strict):
     name: str
     profile: str = "cpu"
@@ -190,9 +231,27 @@ class ExperimentConfig(Strict):
     bus: BusConfig = Field(default_factory=BusConfig)
     teacher: TeacherConfig = Field(default_factory=TeacherConfig)
     genrm: GenRMConfig = Field(default_factory=GenRMConfig)
+    dcs: DCSConfig = Field(default_factory=DCSConfig)
+    health: HealthConfig = Field(default_factory=HealthConfig)
+    faults: list[FaultSpec] = Field(default_factory=list)
+    max_global_restart: int = Field(1, ge=0)  # Tier 2 (global) restarts allowed in one run
 
     @model_validator(mode="after")
     def _check(self) -> "ExperimentConfig":
+        supervised = self.mode == "async" and self.schedule == "relax"
+        if self.rollout.replicas > 1 and not supervised:
+            raise ValueError("rollout.replicas > 1 needs mode 'async' and schedule 'relax'")
+        for i, f in enumerate(self.faults):
+            if not supervised:
+                raise ValueError(f"faults.{i}: fault injection needs mode 'async' and schedule 'relax'")
+            if f.at_step >= self.steps:
+                raise ValueError(f"faults.{i}.at_step: {f.at_step} is not below steps={self.steps}")
+            if f.role == "reference" and self.algorithm.kl_coef == 0:
+                raise ValueError(f"faults.{i}.role: no reference role runs when algorithm.kl_coef is 0")
+            if f.role == "rollout" and f.replica >= self.rollout.replicas:
+                raise ValueError(f"faults.{i}.replica: {f.replica} but rollout.replicas={self.rollout.replicas}")
+            if f.role == "actor" and f.kind == "kill" and self.dcs.transport != "gloo":
+                raise ValueError(f"faults.{i}: recovering a killed actor needs dcs.transport 'gloo'")
         if self.mode == "colocate" and self.max_staleness != 0:
             raise ValueError("max_staleness must be 0 in colocate mode (rollout and training alternate)")
         rows = self.rollout.prompts_per_step * self.rollout.group_size

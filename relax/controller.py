@@ -35,7 +35,7 @@ from relax.roles.critic import CriticRole
 from relax.roles.genrm import GenRMRole
 from relax.roles.teacher import TeacherRole
 from relax.evaluate import greedy_accuracy, sampled_reward
-from relax.weights.store import WeightStore, fetch_weights
+from relax.fault.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 ROLE_CLASSES = {"rollout": RolloutRole, "reward": RewardRole, "reference": ReferenceRole,
@@ -87,10 +87,11 @@ class MemoryMeter:
 
 
 class Controller:
-    def __init__(self, cfg: ExperimentConfig, run_dir: Path, progress: bool = True):
+    def __init__(self, cfg: ExperimentConfig, run_dir: Path, progress: bool = True, api_port: int | None = None):
         self.cfg = cfg
         self.run_dir = run_dir
         self.progress = progress
+        self.api_port = api_port  # the control API (relax/api/) listens here when set (0: any free port)
         self.roles: dict[str, ray.actor.ActorHandle] = {}
         self.records: dict[int, dict] = {}
         self.colocate_extra: dict[int, dict] = {}
@@ -113,27 +114,15 @@ class Controller:
         cfg = self.cfg
         self.bus = Bus.start(cfg.bus, cfg.rollout.group_size, cfg.max_staleness)
         self.telemetry = Telemetry.remote()
-        self.weights = WeightStore.remote()
-        ray.get(self.weights.publish.remote(0, [ray.put(initial_state)]))
-        for name in self.role_names():
-            res = getattr(cfg.resources, name)
-            cls = ROLE_CLASSES[name]
-            self.roles[name] = cls.options(num_cpus=res.cpus, name=f"relax-{name}").remote(
-                cfg, self.bus, self.telemetry, self.weights, res.threads)
-        ray.get([r.ready.remote() for r in self.roles.values()])
+        # DCS (weights, version 0 = initial_state), the roles and rollout replicas, faults, recovery, API.
+        self.supervisor = Supervisor(self, self.api_port)
+        self.supervisor.start(initial_state)
 
     # --- schedules ---------------------------------------------------------------------------------------
     def run_async(self, bar) -> None:
-        futures = {r.run.remote(self.cfg.steps): n for n, r in self.roles.items()}
-        actor_done = False
-        pending = list(futures)
-        while not actor_done:
-            done, pending = ray.wait(pending, timeout=0.5)
-            for ref in done:
-                ray.get(ref)  # re-raises a role's failure here, naming it
-                actor_done |= futures[ref] == "actor"
-            self.poll(bar)
-        ray.get(pending)
+        # Every role loops on its own; the supervisor waits on them (a role's error is re-raised, naming it),
+        # injects the configured faults and restarts what dies (relax/fault/supervisor.py).
+        self.supervisor.run(bar)
 
     def run_colocate(self, bar) -> None:
         rollout = self.roles["rollout"]
@@ -229,13 +218,13 @@ class Controller:
                     (self.run_async if cfg.mode == "async" else self.run_colocate)(bar)
                     self.poll(bar)
                 spans = ray.get(self.telemetry.all_spans.remote())
-                account = ray.get(self.roles["actor"].sample_account.remote())
-                final_state = fetch_weights(self.weights, -1)[1]
+                final_state = self.supervisor.final_state()[1]
+                account = self.supervisor.account()  # the DCS ledger: sample ids of committed versions
                 from relax.export import save_final_weights  # `relax export RUN_DIR --to DIR` reads it
                 save_final_weights(self.run_dir, final_state)
             finally:
-                for r in self.roles.values():
-                    ray.kill(r)
+                if hasattr(self, "supervisor"):
+                    self.supervisor.shutdown()  # writes recovery.json, stops the API and every role
                 if hasattr(self, "bus"):
                     self.bus.close()
         (self.run_dir / "trace.json").write_text(json.dumps(chrome_trace(spans, t_start)))
@@ -247,6 +236,6 @@ class Controller:
 
 
 def run_experiment(cfg: ExperimentConfig, out: str | Path = "results", run: str | None = None,
-                   progress: bool = True) -> tuple[Path, dict]:
+                   progress: bool = True, api_port: int | None = None) -> tuple[Path, dict]:
     run_dir = make_run_dir(cfg, out, run)
-    return run_dir, Controller(cfg, run_dir, progress).run()
+    return run_dir, Controller(cfg, run_dir, progress, api_port).run()

@@ -8,6 +8,7 @@ for every aggregation mode because the loss is linear in them.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import ray
 import torch
@@ -17,6 +18,7 @@ from relax.bus import StreamingLoader
 from relax.models import state_dict_cpu
 from relax.roles.base import ModelRole
 from relax.trainers import TorchTrainer
+from relax.weights.dcs import model_tensors
 
 TRAIN_FIELDS = ["prompt_ids", "response_ids", "rollout_log_probs", "advantages", "rewards", "weight_version",
                 "total_len", "sample_id", "truncated"]
@@ -25,28 +27,75 @@ TRAIN_FIELDS = ["prompt_ids", "response_ids", "rollout_log_probs", "advantages",
 @ray.remote
 class ActorRole(ModelRole):
     name = "actor"
+    dcs_member = {"serve": True, "follow": False, "trainer": True}
 
-    def __init__(self, cfg, bus, telemetry, weights, threads):
-        super().__init__(cfg, bus, telemetry, weights, threads)
-        self.sync_weights(min_version=0)  # start from the warm-up weights the controller published
+    def __init__(self, cfg, bus, telemetry, weights, threads, replica=None, ckpt_dir: str | None = None,
+                 resume: bool = False):
+        super().__init__(cfg, bus, telemetry, weights, threads, replica)
+        # The warm-up weights the controller published; after a global restart, the newest version a live
+        # DCS peer holds.
+        self.sync_weights(min_version=0)
         self.trainer = TorchTrainer(self.model, self.tokenizer.pad_token_id, cfg)
         self.telemetry = telemetry
         self.fields = TRAIN_FIELDS + (["ref_log_probs"] if cfg.algorithm.kl_coef > 0 else [])
         self.fields += ["keep"] * cfg.algorithm.dynamic_sampling.enabled  # DAPO marks from Advantages
         self.trained_ids: list[int] = []
+        self.step_ids: list[int] = []  # sample ids of the step being trained: the DCS ledger entry of its version
+        self.retained: list[int] = []  # trained partitions kept on the bus until their version is committed
+        self.ckpt_dir = Path(ckpt_dir) if ckpt_dir else None
+        self.restored = self.restore_optimizer() if resume else {}
 
     def publish(self, version: int) -> float:
+        """Publish `version` through the DCS (a copy into the staging; peers pull it in the background)."""
         t0 = time.time()
         with self.rec.span("weight_publish", step=version - 1):
-            ref = ray.put(state_dict_cpu(self.model))
-            ray.get(self.weights.publish.remote(version, [ref]))
+            self.weights.publish(version, model_tensors(self.model), sample_ids=self.step_ids)
+        self.step_ids = []
         self.version = version
         return time.time() - t0
 
-    def run(self, steps: int) -> None:
-        for k in range(steps):
+    def run(self, steps: int, start: int = 0, recover: bool = False) -> None:
+        for k in range(start, steps):
             self.train_partition(k)
+        self.release_committed(wait_s=60.0)
         self.rec.flush()
+
+    def release_committed(self, wait_s: float = 0.0) -> None:
+        """Clear the trained partitions whose version is committed (held by a second process): until then
+        an Actor failure rolls that version back and trains the partition again, so it must stay."""
+        while self.retained:
+            k = self.retained[0]
+            if not self.weights.wait_committed(k + 1, timeout=wait_s):
+                return
+            self.bus.clear(k)
+            self.retained.pop(0)
+
+    def checkpoint(self, k: int) -> None:
+        """Every `health.checkpoint_every` steps: the optimizer state (and the weights, to compare a disk
+        reload with a DCS recovery), written atomically."""
+        every = self.cfg.health.checkpoint_every
+        if self.ckpt_dir is None or not every or (k + 1) % every:
+            return
+        with self.rec.span("checkpoint", step=k):
+            self.ckpt_dir.mkdir(parents=True, exist_ok=True)
+            for name, obj in (("optimizer.pt", {"version": k + 1, "optimizer": self.trainer.opt.state_dict()}),
+                              ("weights.pt", state_dict_cpu(self.model))):
+                tmp = self.ckpt_dir / f".{name}.tmp"
+                torch.save(obj, tmp)
+                tmp.replace(self.ckpt_dir / name)
+
+    def restore_optimizer(self) -> dict:
+        path = self.ckpt_dir / "optimizer.pt" if self.ckpt_dir else None
+        if path is None or not path.exists():
+            return {"checkpoint_version": None}
+        t0 = time.time()
+        ck = torch.load(path, weights_only=False)
+        self.trainer.opt.load_state_dict(ck["optimizer"])
+        return {"checkpoint_version": ck["version"], "optimizer_load_s": time.time() - t0,
+                "optimizer_bytes": path.stat().st_size}
+
+    def recovery_info(self, ckpt_dir: str | None = None) -> dict:
+        return {**super().recovery_info(ckpt_dir), **self.restored, "resumed_version": self.version}
 
     def train_partition(self, k: int) -> dict:
         cfg = self.cfg
@@ -71,6 +120,7 @@ class ActorRole(ModelRole):
             rewards += mb["rewards"].tolist()
             versions += mb["weight_version"].tolist()
             self.trained_ids += mb["sample_id"].tolist()
+            self.step_ids += mb["sample_id"].tolist()
             tokens += int(sum(len(r) for r in data["response_ids"]))
             seqs += len(keep)
         with self.rec.span("optimizer_step", step=k):
@@ -81,7 +131,9 @@ class ActorRole(ModelRole):
             step_metrics = self.trainer.step()
         sync_s = self.publish(k + 1)
         self.bus.mark_trained(k)
-        self.bus.clear(k)
+        self.retained.append(k)
+        self.release_committed()
+        self.checkpoint(k)
         staleness = [k - v for v in versions]
         record = {
             "step": k,

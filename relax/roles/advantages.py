@@ -15,10 +15,11 @@ class AdvantagesRole(Role):
     name = "advantages"
     task = "advantages"
     fields = ["rewards", "group_id", "response_ids"]
+    outputs = ["advantages"]
     whole_groups = True  # group baselines need every member of the group
 
-    def __init__(self, cfg, bus, telemetry, weights, threads):
-        super().__init__(cfg, bus, telemetry, weights, threads)
+    def __init__(self, cfg, bus, telemetry, weights, threads, replica=None):
+        super().__init__(cfg, bus, telemetry, weights, threads, replica)
         self.estimator = get_advantage(cfg.algorithm.advantage)
         # Optional inputs/outputs: critic values + returns (gae), teacher log-probs (opd), DAPO keep mask.
         alg = cfg.algorithm

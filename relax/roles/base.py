@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import torch
 
 from relax.bus import Batch, Bus
 from relax.config import ExperimentConfig
+from relax.fault.redelivery import produced
 from relax.metrics.telemetry import SpanRecorder
-from relax.weights.store import fetch_weights
 
 POLL_S = 0.005
 
@@ -24,15 +25,19 @@ class Role:
     name = "role"
     task = ""  # bus consumption task name
     fields: list[str] = []
+    outputs: list[str] = []  # the fields it writes: a restarted role skips rows that already have them
     whole_groups = False
+    dcs_member = {"serve": False, "follow": False, "trainer": False}  # its part in the DCS (relax.weights.dcs)
 
-    def __init__(self, cfg: ExperimentConfig, bus: Bus, telemetry, weights, threads: int):
+    def __init__(self, cfg: ExperimentConfig, bus: Bus, telemetry, weights, threads: int, replica: int | None = None):
         torch.set_num_threads(threads)
         self.cfg = cfg
         self.bus = bus
-        self.weights = weights
+        self.weights = weights  # the DCS handle: weights, and this process's registration + heartbeat
+        self.replica = replica
         self.rec = SpanRecorder(self.name, telemetry)
         self.rows_per_step = cfg.rows_per_step
+        self.weights.join(self.name, replica, **self.dcs_member)
 
     def pid(self) -> int:
         return os.getpid()
@@ -40,17 +45,26 @@ class Role:
     def ready(self) -> bool:
         return True
 
-    def run(self, steps: int) -> None:
-        for k in range(steps):
-            self.process_partition(k)
+    def recovery_info(self, ckpt_dir: str | None = None) -> dict:
+        """What a restarted instance recovered and how (the supervisor records it)."""
+        return {}
+
+    def run(self, steps: int, start: int = 0, recover: bool = False) -> None:
+        for k in range(start, steps):
+            self.process_partition(k, recover)
         self.rec.flush()
 
-    def process_partition(self, k: int) -> int:
-        """Consume every row of partition k for this role's task; returns rows handled."""
-        done = 0
+    def process_partition(self, k: int, recover: bool = False) -> int:
+        """Consume every row of partition k for this role's task; returns rows handled. `recover`: rows of k
+        may be handed out again after a restart; those already carrying this role's outputs are skipped."""
+        skip = produced(self.bus, k, self.outputs) if recover else set()
+        done = len(skip)
         while done < self.rows_per_step:
             batch = self.bus.fetch(k, self.task, self.fields, max_rows=self.rows_per_step - done,
                                    whole_groups=self.whole_groups)
+            if batch is not None and skip:
+                keep = [i for i, g in enumerate(batch.indexes) if g not in skip]
+                batch = batch.select(keep) if keep else None
             if batch is None:
                 time.sleep(POLL_S)
                 continue
@@ -67,20 +81,38 @@ class Role:
 class ModelRole(Role):
     """A role holding a copy of the policy model, kept in sync with the Actor's published weights."""
 
-    def __init__(self, cfg, bus, telemetry, weights, threads):
-        super().__init__(cfg, bus, telemetry, weights, threads)
+    dcs_member = {"serve": True, "follow": False, "trainer": False}
+
+    def __init__(self, cfg, bus, telemetry, weights, threads, replica=None):
+        super().__init__(cfg, bus, telemetry, weights, threads, replica)
         from relax.models import build_model
 
         self.model, self.tokenizer = build_model(cfg.model, cfg.seed)
         self.version = -1
 
-    def sync_weights(self, min_version: int | None = None) -> float:
-        """Load the newest published weights (waiting for `min_version` if given); returns seconds spent."""
+    def sync_weights(self, min_version: int | None = None, exact: int | None = None, block: bool = True) -> float:
+        """Load the newest published weights (waiting for `min_version` if given; `exact`: that version);
+        returns seconds spent. `block=False` loads only a version already here (a follower's prefetch)."""
         t0 = time.time()
-        version, state = fetch_weights(self.weights, self.version, min_version)
-        if state is not None:
-            self.load_state(state, version)
+        self.weights.sync(self.version, self.load_state, min_version=min_version, exact=exact, block=block)
         return time.time() - t0
+
+    def weight_version(self) -> int:
+        return self.version
+
+    def recovery_info(self, ckpt_dir: str | None = None) -> dict:
+        """How this instance got its weights (DCS peer, seconds, bytes), and what reloading the same amount
+        of weights from the Actor's disk checkpoint costs here, for comparison (not used)."""
+        info = {f"dcs_{k}": v for k, v in self.weights.last_transfer.items()}
+        path = Path(ckpt_dir or "") / "weights.pt"
+        if ckpt_dir and path.exists():
+            t0 = time.time()
+            state = torch.load(path, weights_only=True)
+            scratch = {n: torch.empty_like(p) for n, p in self.model.named_parameters()}
+            for n, t in scratch.items():
+                t.copy_(state[n])
+            info.update(disk_seconds=time.time() - t0, disk_bytes=path.stat().st_size)
+        return info
 
     def load_state(self, state: dict, version: int) -> None:
         with torch.no_grad():

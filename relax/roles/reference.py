@@ -13,10 +13,11 @@ class ReferenceRole(ModelRole):
     name = "reference"
     task = "ref_log_probs"
     fields = ["prompt_ids", "response_ids"]
+    outputs = ["ref_log_probs"]
 
-    def __init__(self, cfg, bus, telemetry, weights, threads):
-        super().__init__(cfg, bus, telemetry, weights, threads)
-        self.sync_weights(min_version=0)  # the reference is version 0 and never moves
+    def __init__(self, cfg, bus, telemetry, weights, threads, replica=None):
+        super().__init__(cfg, bus, telemetry, weights, threads, replica)
+        self.sync_weights(exact=0)  # the reference is version 0 and never moves (a restart gets it from a peer)
 
     def compute(self, batch):
         lps = compute_log_probs(self.model, self.tokenizer.pad_token_id, batch["prompt_ids"], batch["response_ids"],

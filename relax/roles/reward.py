@@ -14,9 +14,10 @@ class RewardRole(Role):
     name = "reward"
     task = "reward"
     fields = ["prompt_index", "response_ids"]
+    outputs = ["rewards"]
 
-    def __init__(self, cfg, bus, telemetry, weights, threads):
-        super().__init__(cfg, bus, telemetry, weights, threads)
+    def __init__(self, cfg, bus, telemetry, weights, threads, replica=None):
+        super().__init__(cfg, bus, telemetry, weights, threads, replica)
         from relax.models import build_tokenizer
 
         self.data = make_task(cfg.task, cfg.seed, "train")

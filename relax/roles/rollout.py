@@ -13,6 +13,7 @@ import ray
 import torch
 
 from relax.engines import TorchEngine
+from relax.fault.redelivery import existing_groups
 from relax.roles.base import ModelRole
 from relax.tasks import make_task
 
@@ -21,11 +22,14 @@ from relax.tasks import make_task
 class RolloutRole(ModelRole):
     name = "rollout"
 
-    def __init__(self, cfg, bus, telemetry, weights, threads):
-        super().__init__(cfg, bus, telemetry, weights, threads)
+    def __init__(self, cfg, bus, telemetry, weights, threads, replica=None, queue=None):
+        # Async: a DCS follower (each new version is pulled in the background while the engine generates).
+        self.dcs_member = {"serve": True, "follow": cfg.mode == "async", "trainer": False}
+        super().__init__(cfg, bus, telemetry, weights, threads, replica)
         r = cfg.rollout
         self.engine = TorchEngine(self.model, self.tokenizer, dtype=r.dtype, temperature=r.temperature,
-                                  top_p=r.top_p, seed=cfg.seed)
+                                  top_p=r.top_p, seed=cfg.seed + 1000 * (replica or 0))
+        self.queue = queue  # the GroupQueue shared by the replicas (None: this one generates every group)
         self.data = make_task(cfg.task, cfg.seed, "train")
         self.order = list(range(len(self.data)))
         random.Random(cfg.seed).shuffle(self.order)
@@ -36,12 +40,52 @@ class RolloutRole(ModelRole):
         self.engine.update_weights(state, version)
         self.version = version
 
-    def run(self, steps: int) -> None:
-        for k in range(steps):
+    def run(self, steps: int, start: int = 0, recover: bool = False) -> None:
+        if self.queue is not None:
+            return self.run_shared(steps, start)
+        for k in range(start, steps):
             with self.rec.span("staleness_gate", step=k):
                 self.bus.wait_can_start(k)
             self.generate_partition(k)
         self.rec.flush()
+
+    def run_shared(self, steps: int, start: int = 0) -> None:
+        """Generate the groups the GroupQueue hands this replica until it says stop (all done, or draining).
+        Partition k is entered through the staleness gate and with weights >= k - max_staleness; between
+        generate calls the engine loads a newer version the follower already brought in (pause, load, go on)."""
+        k = start
+        self._enter(k)
+        while True:
+            claim = ray.get(self.queue.claim.remote(self.replica, k))
+            if claim.get("stop"):
+                break
+            if claim.get("next"):
+                k += 1
+                self._enter(k)
+            elif claim.get("wait"):
+                time.sleep(0.02)
+            else:
+                self._generate_claim(claim)
+        self.rec.flush()
+
+    def _enter(self, k: int) -> None:
+        with self.rec.span("staleness_gate", step=k):
+            self.bus.wait_can_start(k)
+        with self.rec.span("weight_sync", step=k):
+            self.sync_weights(min_version=k - self.cfg.max_staleness)
+
+    def _generate_claim(self, claim: dict) -> None:
+        j, groups = claim["step"], claim["groups"]
+        if claim["maybe_put"]:  # its previous holder died while putting: keep only groups not on the bus
+            landed = existing_groups(self.bus, j)
+            groups = [g for g in groups if j * self.cfg.rollout.prompts_per_step + g not in landed]
+        self.sync_weights(block=False)
+        if groups:
+            with self.rec.span("generate", step=j, groups=len(groups), replica=self.replica):
+                rows = self._rows(j, groups)
+                ray.get(self.queue.putting.remote(claim["cid"]))
+                self.bus.put_rows(j, rows)
+        ray.get(self.queue.finish.remote(claim["cid"], len(groups)))
 
     def generate_partition(self, k: int) -> dict:
         """Generate all groups of partition k, streaming them to the bus chunk by chunk."""
@@ -90,9 +134,5 @@ class RolloutRole(ModelRole):
     def wake(self, min_version: int) -> float:
         t0 = time.time()
         with self.rec.span("wake"):
-            from relax.weights.store import fetch_weights
-
-            version, state = fetch_weights(self.weights, -1, min_version)
-            self.engine.wake(state, version)
-            self.version = version
+            self.version = self.weights.sync(-1, self.engine.wake, min_version=min_version)
         return time.time() - t0

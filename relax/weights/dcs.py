@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 
 NAME = "relax_dcs"
 NAMESPACE = "relax"
+STALE_S = 2.0  # a member silent this long is the last choice as a holder
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
           "int64": torch.int64, "int32": torch.int32, "uint8": torch.uint8, "bool": torch.bool}
 
@@ -245,6 +246,10 @@ class DCSCoordinator:
             self.committed[v] = self.pending.pop(v)
 
     async def wait_committed(self, version: int, timeout: float | None = None) -> bool:
+        if version in self.committed:
+            return True
+        if timeout is not None and timeout <= 0:
+            return False
         async with self.changed:
             try:
                 await asyncio.wait_for(self.changed.wait_for(lambda: version in self.committed), timeout)
@@ -279,7 +284,10 @@ class DCSCoordinator:
                  and (self.transport == "object_store" or self.members[m]["serve"])]
         if not cands:
             return None
-        cands.sort(key=lambda m: (busy[m], self.members[m]["trainer"]))
+        # A holder that stopped heartbeating (stalled, or dying) is tried last; then the least busy; then
+        # anyone but the trainer, whose cores are training.
+        now = time.time()
+        cands.sort(key=lambda m: (now - self.members[m]["last_seen"] > STALE_S, busy[m], self.members[m]["trainer"]))
         return cands[0], want
 
     async def request(self, mid: str, have: int, min_version: int | None = None, exact: int | None = None,

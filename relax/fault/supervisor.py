@@ -1,0 +1,394 @@
+"""The supervisor: starts the services, watches them, injects faults, and brings failed ones back.
+
+Health. Every role process heartbeats to the DCS coordinator from a background thread, and the supervisor
+waits on every role's `run()` call, so a process that dies is seen at once (its call fails with
+ActorDiedError); one that stops heartbeating for `health.heartbeat_timeout_s` is killed and handled the same.
+
+Tier 1, in-place restart of a stateless role (Reward, Reference, Advantages, a Rollout replica): a new actor
+is created in place (Reference and Rollout pull their weights from a live DCS peer in their constructor),
+it resumes at the oldest partition not yet trained, and the bus hands it its unfinished work again: its task's
+consumption is reset on the live partitions (TQ has no ack: rows it fetched but never wrote would be lost)
+and it skips rows that already carry its output. A Rollout replica's open claims go back to the GroupQueue
+(a claim cut by the kill is generated again; groups that did land are not).
+
+Tier 2, global restart (the Actor failed, or one role failed more than `health.max_role_restarts` times),
+at most `max_global_restart` times: every role process is stopped and started again; training resumes from
+the newest version a live process holds (the driver follows every version, so this is the last committed
+one; versions that died with the Actor roll back with their samples in the DCS ledger), the optimizer
+state comes from the Actor's periodic checkpoint, and every partition still on the bus is handed out again
+(rows already carrying a role's output are skipped). The bus itself survives.
+
+The exactly-once account is the DCS ledger: sample ids of committed versions. `recovery.json` in the run
+folder records every fault and recovery (times to detect and to be ready, DCS vs disk reload).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import time
+from collections import Counter
+from pathlib import Path
+
+import ray
+
+from relax.api.pool import GroupQueue, RayRolloutPool
+from relax.fault.inject import FaultInjector
+from relax.fault.redelivery import live_partitions, redeliver
+from relax.weights.dcs import DCS
+
+log = logging.getLogger(__name__)
+
+def task_of(name: str) -> str | None:
+    """The bus task a role consumes rows under (the Actor's loader uses `actor_train`)."""
+    from relax.controller import ROLE_CLASSES
+
+    if name == "actor":
+        return "actor_train"
+    cls = ROLE_CLASSES[name]
+    return getattr(getattr(cls, "__ray_actor_class__", cls), "task", None) or None
+
+
+class Supervisor:
+    def __init__(self, controller, api_port: int | None = None):
+        self.c = controller
+        self.cfg = controller.cfg
+        self.api_port = api_port
+        self.api = None
+        self.events: list[dict] = []
+        self.restarts: Counter = Counter()
+        self.global_restarts = 0
+        self.generation: Counter = Counter()
+        self.ckpt_dir = Path(controller.run_dir) / "checkpoints"
+        self.futs: dict = {}
+        self.restarting: dict = {}  # ready() ref of a replacement -> (role key, handle, event)
+        self.pids: dict[str, int] = {}
+        self.injector = FaultInjector(self.cfg.faults, self._pid_for)
+        self.t_start = time.time()
+
+    # ---- set-up ---------------------------------------------------------------------------------------------
+    def start(self, initial_state: dict) -> None:
+        cfg, c = self.cfg, self.c
+        d = cfg.dcs
+        self.dcs = DCS.start(d.transport, d.bucket_mb, d.timeout_s, cfg.health.heartbeat_s)
+        # The driver pins version 0 (the reference policy) and follows every newer version.
+        self.dcs.join("driver", serve=True, follow=True)
+        self.dcs.publish(0, initial_state, pin=True)
+        shared = cfg.mode == "async" and cfg.schedule == "relax"
+        self.queue = GroupQueue.remote(cfg.steps, cfg.rollout.prompts_per_step, cfg.rollout.chunk_groups) if shared else None
+        self.pool = RayRolloutPool(lambda i: self._create("rollout", i), self._start_replica, self.queue, self.dcs)
+        for name in c.role_names():
+            if name != "rollout":
+                c.roles[name] = self._create(name)
+        replicas = self.pool.add_initial(cfg.rollout.replicas)
+        c.roles["rollout"] = replicas[0].handle
+        ray.get([r.ready.remote() for r in c.roles.values()])
+        self.pids = {n: ray.get(h.pid.remote()) for n, h in c.roles.items() if n != "rollout"}
+        if self.api_port is not None:
+            self._start_api()
+
+    def _start_api(self) -> None:
+        from relax.api.scaling import ScaleManager
+        from relax.api.server import start_api
+
+        self.scaler = ScaleManager(self.pool)
+        self.api = start_api(self.c.run_dir, self.scaler, self.api_port, metrics=self.metrics,
+                             health=lambda: {"steps_done": len(self.c.records), "steps": self.cfg.steps})
+        log.warning("control API on %s (token in %s)", self.api.url, Path(self.c.run_dir) / "api_token")
+
+    def _create(self, name: str, index: int | None = None, resume: bool = False):
+        from relax.controller import ROLE_CLASSES
+
+        cfg, c = self.cfg, self.c
+        key = name if index is None else f"{name}-{index}"
+        self.generation[key] += 1
+        gen = self.generation[key]
+        res = getattr(cfg.resources, name)
+        kwargs: dict = {}
+        if name == "rollout":
+            kwargs = {"replica": index, "queue": self.queue}
+        elif name == "actor":
+            kwargs = {"ckpt_dir": str(self.ckpt_dir), "resume": resume}
+        actor_name = f"relax-{key}" + (f"-restart{gen - 1}" if gen > 1 else "")
+        return ROLE_CLASSES[name].options(num_cpus=res.cpus, name=actor_name).remote(
+            cfg, c.bus, c.telemetry, self.dcs, res.threads, **kwargs)
+
+    def _start_replica(self, handle, index: int, start: int | None = None, recover: bool = False):
+        """A replica's run loop, from the oldest partition not yet trained (a replica added mid-run too)."""
+        if start is None:
+            start = self.c.bus.oldest_unconsumed()
+        return handle.run.remote(self.cfg.steps, start=start, recover=recover)
+
+    def _pid_for(self, spec) -> int | None:
+        if spec.role == "rollout":
+            rep = self.pool.replicas.get(spec.replica)
+            return rep.pid if rep is not None and rep.status == "ACTIVE" else None
+        return self.pids.get(spec.role)
+
+    # ---- the async schedule with supervision ------------------------------------------------------------------
+    def _watched(self) -> dict:
+        return {**self.futs, **{f: ("rollout", i) for f, i in self.pool.futures().items()}}
+
+    def run(self, bar) -> None:
+        cfg, c = self.cfg, self.c
+        self.t_start = time.time()
+        self.futs = {c.roles[n].run.remote(cfg.steps): n for n in c.role_names() if n != "rollout"}
+        self.pool.activate_all()
+        last_health = last_poll = time.time()
+        actor_done = False
+        while not actor_done:
+            watch = self._watched()
+            pending = [*watch, *self.restarting]
+            done, _ = ray.wait(pending, num_returns=len(pending), timeout=0.1)
+            failed = []
+            for ref in done:
+                if ref in self.restarting:
+                    self._finish_restart(ref)
+                    continue
+                key = watch[ref]
+                if self._settle(ref, key):
+                    actor_done |= key == "actor"
+                else:
+                    failed.append(key)
+            if failed:
+                self._recover(failed)
+            self.injector.tick(len(c.records))
+            if time.time() - last_health > 0.5:
+                self._check_heartbeats()
+                last_health = time.time()
+            if time.time() - last_poll > 0.3:  # step records (fault triggers), progress bar, memory
+                c.poll(bar)
+                last_poll = time.time()
+        self.injector.stop()
+        # Every partition is trained: the other loops end on their own.
+        for ref, key in self._watched().items():
+            try:
+                ray.get(ref, timeout=120)
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                log.warning("%s did not end cleanly after training finished", key)
+            if isinstance(key, tuple):
+                self.pool.finished(key[1])
+
+    def _settle(self, ref, key) -> bool:
+        """A run() call ended: True if it returned, False if its process died (a role's own error is
+        re-raised here, naming it)."""
+        try:
+            ray.get(ref)
+            ok = True
+        except ray.exceptions.RayActorError as err:  # the process is gone
+            ok = False
+            log.warning("%s died: %s", key, type(err).__name__)
+        if isinstance(key, tuple):
+            index = key[1]
+            if ok or self.pool.replicas[index].status in ("DRAINING", "REMOVING", "REMOVED"):
+                self.pool.finished(index)  # no work left, drained, or removed by a forced scale-in
+                return True
+            return False
+        self.futs.pop(ref, None)
+        return ok
+
+    def _recover(self, keys: list) -> None:
+        """Bring back every role whose process died. Tier 1 restarts run in the background (the loop keeps
+        watching, polling and injecting); a Tier 2 global restart stops the world."""
+        limit = self.cfg.health.max_role_restarts
+        names = [k if isinstance(k, str) else f"rollout-{k[1]}" for k in keys]
+        if "actor" in names:
+            return self._global_restart("actor", "the Actor failed")
+        over = [n for n in names if self.restarts[n] >= limit]
+        if over:
+            return self._global_restart(over[0], f"{over[0]} failed more than health.max_role_restarts={limit} times")
+        for key in keys:
+            self._begin_restart(key)
+
+    def _begin_restart(self, key, ev: dict | None = None) -> None:
+        """Tier 1, first half: record, forget the dead process, start its replacement (ready later)."""
+        if isinstance(key, tuple):
+            index = key[1]
+            rep = self.pool.replicas[index]
+            ev = ev or self._event("rollout", 1, index)
+            self.restarts[f"rollout-{index}"] += 1
+            self._forget(rep.pid)
+            ray.kill(rep.handle)
+            rep.status, rep.pid, rep.future = "RESTARTING", None, None
+            ev["claims_returned"] = ev.get("claims_returned", 0) + ray.get(self.queue.release.remote(index))
+            handle = self._create("rollout", index)
+        else:
+            ev = ev or self._event(key, 1)
+            self.restarts[key] += 1
+            self._forget(self.pids.pop(key, None))
+            ray.kill(self.c.roles[key])
+            handle = self._create(key)
+        self.restarting[handle.ready.remote()] = (key, handle, ev)
+
+    def _finish_restart(self, ref) -> None:
+        """Tier 1, second half: the replacement is up; hand it its unfinished work and start it."""
+        key, handle, ev = self.restarting.pop(ref)
+        try:
+            ray.get(ref)
+            pid = ray.get(handle.pid.remote())
+        except ray.exceptions.RayActorError:  # it died while starting: again
+            return self._begin_restart(key, ev)
+        self._ready(ev, handle)  # before its run(): an actor answers calls in order
+        start = self.c.bus.oldest_unconsumed()
+        ev["resume_step"] = start
+        if isinstance(key, tuple):
+            index = key[1]
+            rep = self.pool.replicas[index]
+            with self.pool.lock:
+                rep.handle, rep.pid, rep.status = handle, pid, "ACTIVE"
+                rep.future = self._start_replica(handle, index, start=start, recover=True)
+            if index == 0:
+                self.c.roles["rollout"] = handle
+        else:
+            self.c.roles[key], self.pids[key] = handle, pid
+            task = task_of(key)
+            ev["redelivered_partitions"] = redeliver(self.c.bus, task, start) if task else []
+            self.futs[handle.run.remote(self.cfg.steps, start=start, recover=True)] = key
+
+    def _check_heartbeats(self) -> None:
+        limit = self.cfg.health.heartbeat_timeout_s
+        ours = set(self.pids.values()) | {r.pid for r in self.pool.replicas.values() if r.status == "ACTIVE"}
+        for m in self.dcs.topology()["members"]:
+            if m["alive"] and m["pid"] in ours and m["heartbeat_age_s"] > limit:
+                log.warning("%s (pid %d) missed heartbeats for %.1f s: killing it", m["role"], m["pid"],
+                            m["heartbeat_age_s"])
+                self.events.append({"role": m["role"], "kind": "heartbeat_timeout", "pid": m["pid"],
+                                    "t_detect": time.time() - self.t_start})
+                _kill(m["pid"])  # its run() call fails next: recovered like any death
+
+    def _forget(self, pid: int | None) -> None:
+        """The DCS stops pairing receivers with a dead process."""
+        if pid is None:
+            return
+        for m in self.dcs.topology()["members"]:
+            if m["pid"] == pid and m["alive"]:
+                self.dcs.mark_dead(m["id"])
+
+    def _event(self, role: str, tier: int, replica: int | None = None, reason: str = "process died") -> dict:
+        now = time.time()
+        fault = self.injector.last_for(role, replica)
+        ev = {"role": role, "replica": replica, "tier": tier, "reason": reason,
+              "t_fault": (fault["t_fault"] - self.t_start) if fault else None, "t_detect": now - self.t_start,
+              "steps_done_at_detect": len(self.c.records)}
+        ev["detect_s"] = (now - fault["t_fault"]) if fault else None
+        self.events.append(ev)
+        return ev
+
+    def _ready(self, ev: dict, handle) -> None:
+        now = time.time()
+        ev["t_ready"] = now - self.t_start
+        ev["ready_s"] = ev["t_ready"] - (ev["t_fault"] if ev["t_fault"] is not None else ev["t_detect"])
+        ev.update(ray.get(handle.recovery_info.remote(str(self.ckpt_dir))))
+
+    # ---- Tier 2 ---------------------------------------------------------------------------------------------
+    def _global_restart(self, role: str, reason: str) -> None:
+        cfg, c = self.cfg, self.c
+        if self.global_restarts >= cfg.max_global_restart:
+            raise RuntimeError(f"{reason}; max_global_restart={cfg.max_global_restart} global restarts are used up")
+        if cfg.dcs.transport != "gloo":
+            raise RuntimeError(f"{reason}; recovering the Actor needs dcs.transport: gloo (weights from a live "
+                               f"peer), not {cfg.dcs.transport}")
+        self.global_restarts += 1
+        ev = self._event(role, 2, reason=reason)
+        latest_before = self.dcs.topology()["latest"]
+        # 1. Stop every role process (the bus and the driver's DCS copy survive), replacements being started too.
+        for key, handle, pending_ev in self.restarting.values():
+            ray.kill(handle)
+            pending_ev["superseded_by_global_restart"] = True
+            if isinstance(key, tuple):
+                self.pool.replicas[key[1]].status = "ACTIVE"  # restarted below with the others
+        self.restarting = {}
+        for name, h in list(c.roles.items()):
+            if name != "rollout":
+                self._forget(self.pids.pop(name, None))
+                ray.kill(h)
+        active = [i for i, r in self.pool.replicas.items() if r.status in ("ACTIVE", "IDLE", "READY")]
+        for i in active:
+            rep = self.pool.replicas[i]
+            self._forget(rep.pid)
+            ray.kill(rep.handle)
+            ray.get(self.queue.release.remote(i))
+            rep.future = None
+        self.futs = {}
+        # 2. Resume point: the newest version a live process holds. Partitions before it are trained (their
+        # versions are committed): drop them; every later row is handed out again to every task.
+        topo = self.dcs.topology()
+        resume = topo["reachable"]
+        ev.update(latest_before=latest_before, resume_version=resume, rolled_back_versions=latest_before - resume)
+        for k in live_partitions(c.bus):
+            if k < resume:
+                c.bus.clear(k)
+        start = min(resume, c.bus.oldest_unconsumed())
+        for task in {task_of(n) for n in c.role_names() if n != "rollout"} - {None}:
+            redeliver(c.bus, task, start)
+        # 3. Start everything again.
+        new = {n: self._create(n, resume=n == "actor") for n in c.role_names() if n != "rollout"}
+        reps = {i: self._create("rollout", i) for i in active}
+        ray.get([h.ready.remote() for h in [*new.values(), *reps.values()]])
+        for n, h in new.items():
+            c.roles[n] = h
+            self.pids[n] = ray.get(h.pid.remote())
+        self._ready(ev, new["actor"])
+        ev["resume_step"] = resume
+        self.futs[new["actor"].run.remote(cfg.steps, start=resume, recover=True)] = "actor"
+        for n, h in new.items():
+            if n != "actor":
+                self.futs[h.run.remote(cfg.steps, start=start, recover=True)] = n
+        for i, h in reps.items():
+            rep = self.pool.replicas[i]
+            with self.pool.lock:
+                rep.handle, rep.pid, rep.status = h, ray.get(h.pid.remote()), "ACTIVE"
+                rep.future = self._start_replica(h, i, start=start, recover=True)
+        if 0 in reps:
+            c.roles["rollout"] = reps[0]
+
+    # ---- results ----------------------------------------------------------------------------------------------
+    def final_state(self) -> tuple[int, dict]:
+        """The newest weights; waiting for them also commits the last version in the ledger."""
+        return self.dcs.latest_state(min_version=self.cfg.steps)
+
+    def account(self) -> list[int]:
+        self.dcs.wait_committed(self.cfg.steps, timeout=60)
+        return self.dcs.ledger()
+
+    def metrics(self) -> dict:
+        topo = self.dcs.topology()
+        return {"steps_done": len(self.c.records), "weight_version": topo["latest"],
+                "weight_transfers": topo["stats"]["transfers"], "weight_bytes": topo["stats"]["bytes"],
+                "restarts": [({"role": r}, n) for r, n in sorted(self.restarts.items())] or 0,
+                "global_restarts": self.global_restarts}
+
+    def write_report(self) -> dict:
+        topo = self.dcs.topology() if getattr(self, "dcs", None) is not None else {}
+        out = {"faults": [{k: v for k, v in f.items() if k != "matched"} | {"t_fault": f["t_fault"] - self.t_start}
+                          for f in self.injector.fired],
+               "events": self.events, "restarts": dict(self.restarts), "global_restarts": self.global_restarts,
+               "dcs": {"transport": self.cfg.dcs.transport, "bucket_mb": self.cfg.dcs.bucket_mb,
+                       **topo.get("stats", {})}}
+        if self.api is not None:
+            out["scale_operations"] = [op.view() for op in self.scaler.ops.values()]
+        (Path(self.c.run_dir) / "recovery.json").write_text(json.dumps(out, indent=2, default=str))
+        return out
+
+    def shutdown(self) -> None:
+        self.injector.stop()
+        if getattr(self, "dcs", None) is not None:
+            self.write_report()
+        if self.api is not None:
+            self.api.stop()
+        handles = [h for n, h in self.c.roles.items() if n != "rollout"]
+        handles += list(self.pool.handles().values()) if hasattr(self, "pool") else []
+        for h in handles:
+            ray.kill(h)
+        if getattr(self, "dcs", None) is not None:
+            self.dcs.close()
+
+
+def _kill(pid: int) -> None:
+    import os
+
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass

@@ -1,0 +1,138 @@
+"""Fault injection and recovery (relax.fault): signals, the rollout work queue, and real kills in live runs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from relax.api.pool import GroupQueue
+from relax.config import ConfigError, FaultSpec, load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["rollout.prompts_per_step=4", "rollout.group_size=4", "warmup.steps=20", "task.eval_size=8",
+        "rollout.chunk_groups=1"]
+
+
+def proc_state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0]
+
+
+def becomes(pid: int, stopped: bool, timeout: float = 3.0) -> bool:
+    """Signals land asynchronously: wait for the process to be stopped (T) or not."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if (proc_state(pid) == "T") == stopped:
+            return True
+        time.sleep(0.005)
+    return False
+
+
+def test_injector_kills_stops_and_slows_real_processes():
+    from relax.fault.inject import FaultInjector
+
+    procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(3)]
+    try:
+        specs = [FaultSpec(role="reward", at_step=1, kind="kill"),
+                 FaultSpec(role="reference", at_step=0, kind="delay", duration_s=0.6),
+                 FaultSpec(role="advantages", at_step=0, kind="slow", duration_s=30, duty=0.5)]
+        pids = dict(zip(["reward", "reference", "advantages"], [p.pid for p in procs]))
+        inj = FaultInjector(specs, lambda spec: pids[spec.role])
+        fired = inj.tick(steps_done=0)
+        assert [f["kind"] for f in fired] == ["delay", "slow"]  # the kill waits for step 1
+        assert becomes(pids["reference"], stopped=True)
+        assert becomes(pids["advantages"], stopped=True)  # stopped part of the time,
+        assert becomes(pids["advantages"], stopped=False)  # running the rest
+        assert [f["kind"] for f in inj.tick(steps_done=1)] == ["kill"]
+        assert procs[0].wait(5) == -9
+        assert becomes(pids["reference"], stopped=False)  # the delay ended
+        inj.stop()  # ends the slow fault and resumes whatever it stopped
+        assert becomes(pids["advantages"], stopped=False)
+        time.sleep(0.3)
+        assert proc_state(pids["advantages"]) != "T"
+        assert inj.tick(steps_done=5) == []  # each fault fires once
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def test_group_queue_reissues_a_dead_replicas_claims_and_drains():
+    q = GroupQueue.__ray_actor_class__(steps=2, prompts_per_step=4, chunk_groups=2)
+    run = asyncio.run
+    a = run(q.claim(0, upto=0))
+    b = run(q.claim(1, upto=0))
+    assert (a["step"], a["groups"], b["groups"]) == (0, [0, 1], [2, 3])
+    assert run(q.claim(1, upto=0)) == {"next": True}  # partition 0 is all handed out
+    run(q.putting(a["cid"]))  # replica 0 dies while putting its claim, replica 1 before
+    assert run(q.release(0)) == 1
+    c = run(q.claim(1, upto=1))  # re-issued work comes first, and says it may already be on the bus
+    assert (c["step"], c["groups"], c["maybe_put"]) == (0, [0, 1], True)
+    run(q.finish(c["cid"], 2))
+    run(q.finish(b["cid"], 2))
+    d = run(q.claim(1, upto=1))
+    assert (d["step"], d["groups"], d["maybe_put"]) == (1, [0, 1], False)
+    run(q.drain(1))
+    assert run(q.claim(1, upto=1)) == {"stop": True}  # draining: no new work, the open claim finishes
+    run(q.finish(d["cid"], 2))
+    e = run(q.claim(2, upto=1))
+    assert run(q.claim(3, upto=1)) == {"wait": True}  # last work is out with replica 2
+    run(q.finish(e["cid"], 2))
+    assert run(q.claim(3, upto=1)) == {"stop": True}
+    assert run(q.stats())["generated_groups"] == {1: 6, 2: 2}
+
+
+def test_fault_config_is_checked():
+    base = ROOT / "experiments/async/cpu.yaml"
+    with pytest.raises(ConfigError, match="faults.0.at_step"):
+        load_config(base, ["steps=3", "faults=[{role: actor, at_step: 3}]"])
+    with pytest.raises(ConfigError, match="faults.0.replica"):
+        load_config(base, ["faults=[{role: rollout, at_step: 1, replica: 1}]"])
+    with pytest.raises(ConfigError, match="dcs.transport"):
+        load_config(base, ["dcs.transport=object_store", "faults=[{role: actor, at_step: 1}]"])
+    with pytest.raises(ConfigError, match="faults.0.kind"):
+        load_config(base, ["faults=[{role: actor, at_step: 1, kind: explode}]"])
+    with pytest.raises(ConfigError, match="needs mode 'async'"):
+        load_config(ROOT / "experiments/colocate/cpu.yaml", ["faults=[{role: reward, at_step: 1}]"])
+    cfg = load_config(base, ["faults=[{role: rollout, at_step: 2, kind: slow, duty: 0.5}]", "max_global_restart=2"])
+    assert cfg.faults[0].kind == "slow" and cfg.max_global_restart == 2
+
+
+@pytest.mark.slow
+def test_killing_every_role_mid_run_loses_and_repeats_no_sample(tmp_path):
+    from relax.config import load_config as load
+    from relax.controller import run_experiment
+
+    # The rollout is slowed first so that its kill is likely to cut a generation in flight.
+    faults = ("faults=[{role: rollout, at_step: 0, kind: slow, duration_s: 3, duty: 0.3},"
+              " {role: rollout, at_step: 1, kind: kill, after_s: 0.3}, {role: reward, at_step: 2, kind: kill},"
+              " {role: reference, at_step: 3, kind: kill}, {role: advantages, at_step: 4, kind: kill},"
+              " {role: actor, at_step: 5, kind: kill}]")
+    cfg = load(ROOT / "experiments/async/cpu.yaml", [*TINY, "steps=7", faults])
+    run_dir, summary = run_experiment(cfg, out=tmp_path, progress=False)
+    assert summary["steps"] == 7
+    assert summary["samples_trained"] == 7 * 16
+    assert summary["samples_lost"] == 0 and summary["samples_duplicated"] == 0
+    rec = json.loads((run_dir / "recovery.json").read_text())
+    killed = {(f["role"]) for f in rec["faults"] if f["kind"] == "kill"}
+    assert killed == {"rollout", "reward", "reference", "advantages", "actor"}
+    tiers = {e["role"]: e["tier"] for e in rec["events"]}
+    assert tiers == {"rollout": 1, "reward": 1, "reference": 1, "advantages": 1, "actor": 2}
+    for e in rec["events"]:
+        assert 0 <= e["detect_s"] < 10
+        if e.get("superseded_by_global_restart"):  # the Actor's global restart came first
+            continue
+        assert e["ready_s"] > 0
+        if e["role"] in ("rollout", "reference", "actor"):
+            assert e["dcs_bytes"] > 0 and not e["dcs_src"].startswith("actor")  # weights from a live peer
+    ref = next(e for e in rec["events"] if e["role"] == "reference")
+    assert ref.get("superseded_by_global_restart") or ref["dcs_version"] == 0  # the reference policy, long after the trainer moved on
+    actor = next(e for e in rec["events"] if e["role"] == "actor")
+    assert actor["resumed_version"] == actor["resume_step"] and actor["checkpoint_version"] is not None
+    assert rec["global_restarts"] == 1
