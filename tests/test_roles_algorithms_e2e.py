@@ -37,6 +37,7 @@ def test_ppo_with_critic_genrm_and_dynamic_sampling(tmp_path):
     assert lanes == BASE - {"reward"} | {"critic", "genrm"}
     trained = [s for s in spans if s["name"] == "critic_train"]
     assert [s["args"]["step"] for s in trained] == [0, 1] and all(s["args"]["rows"] == 16 for s in trained)
+    assert all("value_loss" in s["args"] for s in trained)
     for r in rows:  # dropped (degenerate) groups are skipped by the Actor but stay in the account
         assert r["samples"] + r["samples_dropped"] == 16 and r["samples_dropped"] % 4 == 0
 

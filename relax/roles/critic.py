@@ -146,8 +146,9 @@ class CriticRole(Role):
         cols = {f: [x for c in chunks for x in c[f]] for f in fields}
         if not cols["returns"]:
             return {}
-        with self.rec.span("critic_train", step=k, rows=len(cols["returns"])):
+        with self.rec.span("critic_train", step=k, rows=len(cols["returns"])) as span_args:
             metrics = self.critic.train_batch(cols["prompt_ids"], cols["response_ids"], cols["values"], cols["returns"])
+            span_args.update(metrics)  # value_loss, value_clip_frac, grad_norm in trace.json
         self.history.append({"step": k, **metrics})
         self.rec.flush()
         return metrics
