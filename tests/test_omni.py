@@ -166,3 +166,13 @@ def test_real_bus_fields_and_text_only_role(rows):
             bus.close()
         ray.shutdown()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_placeholders_are_never_emitted(rows):
+    from relax.omni.model import build_tiny_omni
+
+    model = build_tiny_omni(hidden_size=32, num_layers=1, intermediate_size=64)
+    media = [{k: rows[k][0] for k in FIELDS}]
+    logits = model(input_ids=rows["prompt_ids"][0][None], media=media).logits
+    assert torch.isinf(logits[..., [TOK.IMAGE, TOK.AUDIO, TOK.VIDEO]]).all()
+    assert torch.isfinite(logits[..., : TOK.IMAGE]).all()

@@ -33,6 +33,7 @@ class TinyOmni(nn.Module):
         self.audio_norm = nn.LayerNorm(N_MELS)
         self.audio_proj = nn.Linear(enc_dim, H)
         self.audio_pos = nn.Parameter(torch.zeros(AUDIO_TOKENS, H))
+        self.register_buffer("_no_emit", torch.tensor([T.IMAGE, T.AUDIO, T.VIDEO]), persistent=False)
         self.pending_media = None  # set by OmniEngine for the prefill step of a generate call
 
     # ---- encoders --------------------------------------------------------------------------------------
@@ -79,8 +80,12 @@ class TinyOmni(nn.Module):
         kw = dict(attention_mask=attention_mask, position_ids=position_ids, past_key_values=past_key_values,
                   use_cache=use_cache)
         if media is not None:
-            return self.lm(inputs_embeds=self.embed(input_ids, media), **kw)
-        return self.lm(input_ids=input_ids, **kw)
+            out = self.lm(inputs_embeds=self.embed(input_ids, media), **kw)
+        else:
+            out = self.lm(input_ids=input_ids, **kw)
+        # Placeholder ids are input-only: the model can never emit one (same distribution in rollout and training).
+        out.logits = out.logits.index_fill(-1, self._no_emit, float("-inf"))
+        return out
 
 
 def build_tiny_omni(hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=256,

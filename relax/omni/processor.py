@@ -59,6 +59,19 @@ def image_patches(img: np.ndarray) -> torch.Tensor:
     return x.reshape(2, PATCH, 2, PATCH).permute(0, 2, 1, 3).reshape(4, PATCH * PATCH).contiguous()
 
 
+@functools.lru_cache(maxsize=4096)
+def audio_features(uri: str) -> torch.Tensor:
+    """Log-mel of the clip a URI names, computed once per process (URIs are deterministic)."""
+    return log_mel(resolve_audio(uri))
+
+
+@functools.lru_cache(maxsize=256)
+def video_features(path: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(frames [F, 8, 8], soundtrack log-mel [T, N_MELS]) of a video file, decoded once per process."""
+    frames, track = read_video(path)
+    return torch.as_tensor(frames), log_mel(track)
+
+
 class OmniProcessor:
     """Turns a row's media references into its feature fields and prompt ids."""
 
@@ -73,13 +86,11 @@ class OmniProcessor:
         if "image" in media:
             img = image_patches(resolve_image(media["image"]))
         if "audio" in media:
-            mel = log_mel(resolve_audio(media["audio"]))
+            mel = audio_features(media["audio"])
         if "video" in media:
-            frames, track = read_video(media["video"])
-            vid = torch.as_tensor(frames)
             if "audio" in media:
                 raise ValueError("a row has either an audio clip or a video soundtrack, not both")
-            mel = log_mel(track)
+            vid, mel = video_features(media["video"])
         return {"image_patches": img, "audio_mel": mel, "video_frames": vid}
 
     def prompt_ids(self, feats: dict[str, torch.Tensor], text: str) -> list[int]:

@@ -271,7 +271,7 @@ def run_mode(cfg: OmniConfig, mode: str, state, tok, feats, eval_feats, out: Pat
     else:
         # Two roles on their own share of the cores (2 cores: one each); torch's thread pool is per-process,
         # so the split is a per-thread setting made inside each role's thread.
-        per_role = max(1, cfg.threads // 2)
+        per_role = max(1, cfg.threads // 2)  # threads=1: one intra-op thread per role thread
         torch.set_num_threads(per_role)
         q: queue.Queue = queue.Queue()
         trained = [-1]

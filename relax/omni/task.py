@@ -26,20 +26,22 @@ class OmniItem:
 
 
 class DigitSumTask:
-    def __init__(self, split: str, size: int = 4096, video_every: int = 4, n_videos: int = 16, seed: int = 0):
+    def __init__(self, split: str, size: int = 4096, video_every: int = 4, n_videos: int = 16, seed: int = 0,
+                 audio_variants: int = 64):
         if split not in ("train", "eval"):
             raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
         _, labels = digits()
         self.split, self.size, self.video_every, self.n_videos, self.seed = split, size, video_every, n_videos, seed
         self.pool = [i for i in range(len(labels)) if (i % 5 == 0) == (split == "eval")]
         self.labels = labels
+        self.audio_variants = audio_variants  # distinct synthesized renditions of each digit's tone
 
     def __len__(self) -> int:
         return self.size
 
     def _draw(self, key: int) -> tuple[int, int, int]:
         rng = random.Random(f"{self.seed}-{self.split}-{key}")
-        return rng.choice(self.pool), rng.randrange(10), rng.randrange(1 << 30)
+        return rng.choice(self.pool), rng.randrange(10), rng.randrange(self.audio_variants)
 
     @functools.lru_cache(maxsize=None)
     def __getitem__(self, i: int) -> OmniItem:
