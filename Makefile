@@ -24,11 +24,13 @@ test: install
 	@$(BIN)/python -m pytest -q --timeout=900 tests; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$rc
 
+# Every CPU-scale experiment (7 runs, progress shown), then every figure and table in results/.
 reproduce-fig: install
-	$(BIN)/python -m analysis.reproduce
+	$(BIN)/python -m analysis.reproduce $(REPRODUCE_ARGS)
 
+# Redraw figures and tables from the committed reference runs (SOURCE=results: from your own runs).
 figures: install
-	$(BIN)/python -m analysis.figures
+	$(BIN)/python -m analysis.figures --source $(or $(SOURCE),results/reference)
 
 clean-results:
 	rm -rf results/runs

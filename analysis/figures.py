@@ -1,13 +1,19 @@
 """Figures and tables from run results, beside the paper's published numbers.
 
-`python -m analysis.figures [--source DIR]` reads the newest run of each experiment/profile under DIR
-(default: results/, falling back to results/reference/ when no fresh runs exist) and writes PNGs to
-results/figures/ and Markdown + CSV tables to results/tables/.
+`python -m analysis.figures [--source DIR] [--dest DIR]` reads the newest run of each experiment/profile
+under DIR (default: results/, falling back to results/reference/ when there are no fresh runs) and writes
+PNGs to DEST/figures/ and Markdown + CSV tables to DEST/tables/ (DEST default: results/).
+
+Systems: relax colocate / async on-policy / async off-policy (experiments/colocate/cpu.yaml,
+experiments/async/cpu-onpolicy.yaml, experiments/async/cpu.yaml) and the veRL and OpenRLHF schedules
+EMULATED in our engine (experiments/async/cpu-verl.yaml, cpu-openrlhf.yaml); the staleness sweep is every
+relax async run of the `async` experiment, by max_staleness.
 """
 
 from __future__ import annotations
 
 import argparse
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -16,111 +22,273 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from analysis.results import RESULTS, latest_runs, load_metrics, load_summary, published_value  # noqa: E402
+from analysis import critical_path  # noqa: E402
+from analysis.results import (  # noqa: E402
+    PUBLISHED_HW, REFERENCE, RESULTS, SYSTEMS, hardware, host_load, latest_runs, load_config, load_metrics,
+    load_summary, published_metric, published_value, staleness_runs, system_runs,
+)
 
-# The three text-mode runs of the paper's modes table, by (experiment, profile).
-MODES = {
-    "colocate": ("colocate", "cpu"),
-    "async_on_policy": ("async", "cpu-onpolicy"),
-    "async_off_policy": ("async", "cpu"),
-}
-LABELS = {"colocate": "colocate", "async_on_policy": "async on-policy", "async_off_policy": "async off-policy"}
-COLORS = {"colocate": "#7f7f7f", "async_on_policy": "#1f77b4", "async_off_policy": "#d62728"}
+PUB_LABEL = "published (16xH800)"
+CPU_LABEL = "measured (2-core CPU)"
 
 
-def modes_table(runs: dict) -> pd.DataFrame:
+# --- tables ------------------------------------------------------------------------------------------------
+def write_table(df: pd.DataFrame, out: Path, name: str, title: str, note: str = "") -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    df.to_csv(out / f"{name}.csv", index=False)
+    text = f"# {title}\n\n{df.to_markdown(index=False)}\n"
+    if note:
+        text += f"\n{note}\n"
+    (out / f"{name}.md").write_text(text)
+    return [out / f"{name}.csv", out / f"{name}.md"]
+
+
+def _r(x, nd=4):
+    return None if x is None or pd.isna(x) else round(float(x), nd)
+
+
+def systems_table(runs: dict[str, Path]) -> pd.DataFrame:
     rows = []
-    base = None
-    for mode, key in MODES.items():
-        if key not in runs:
-            continue
-        s = load_summary(runs[key])
-        if mode == "colocate":
-            base = s["mean_step_time_s"]
+    for key, run in runs.items():
+        s, sys = load_summary(run), SYSTEMS[key]
         rows.append({
-            "mode": mode, "run": str(runs[key].relative_to(runs[key].parents[3])),
+            "system": sys.label, "emulated": sys.emulated, "run": "/".join(run.parts[-3:]),
             "step_time_s": s["mean_step_time_s"], "steps_per_hour": s["steps_per_hour"],
-            "speedup_vs_colocate": round(base / s["mean_step_time_s"], 3) if base else None,
-            "published_speedup": published_value("text_modes", "relax", mode, "speedup_vs_colocate")
-            or (1.0 if mode == "colocate" else None),
-            "published_step_time_s": published_value("text_modes", "relax", mode, "step_time"),
-            "final_reward": round(s["final_reward"], 4), "pipeline_efficiency": s.get("pipeline_efficiency"),
-            "trainer_wait_share": s.get("trainer_wait_share"), "peak_memory_mb": s.get("peak_memory_mb"),
-            "hardware (measured)": s["environment"]["hardware"], "hardware (published)": "16xH800, Qwen3-4B",
+            "reward_start": _r(s["initial_reward"]), "reward_end": _r(s["final_reward"]),
+            "eval_acc_start": _r(s.get("eval_accuracy_start")), "eval_acc_end": _r(s.get("eval_accuracy_end")),
+            "max_staleness": s.get("max_staleness"), "staleness_max_seen": s.get("staleness_max"),
+            "pipeline_efficiency": s.get("pipeline_efficiency"), "trainer_wait_share": s.get("trainer_wait_share"),
+            "published_step_time_s": published_metric(key, "step_time"),
+            "published_steps_per_hour": published_metric(key, "steps_per_hour"),
+            "hardware (measured)": hardware(s, load_config(run)),
+            "host load (1-min avg, before -> after)": host_load(run),
+            "hardware (published)": f"{PUBLISHED_HW}, Qwen3-4B" if sys.published else "-",
         })
     return pd.DataFrame(rows)
 
 
-def write_table(df: pd.DataFrame, out: Path, name: str, title: str) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    df.to_csv(out / f"{name}.csv", index=False)
-    (out / f"{name}.md").write_text(f"# {title}\n\n{df.to_markdown(index=False)}\n")
+RATIOS = [
+    # (name, faster system, slower system, published metric row)
+    ("relax async on-policy vs colocate", "async_on_policy", "colocate",
+     ("text_modes", "relax", "async_on_policy", "speedup_vs_colocate")),
+    ("relax async off-policy vs colocate", "async_off_policy", "colocate",
+     ("text_modes", "relax", "async_off_policy", "speedup_vs_colocate")),
+    ("relax async vs veRL", "async_off_policy", "verl", ("vs_verl", "relax", "async", "speedup_vs_verl")),
+    ("relax async vs OpenRLHF", "async_off_policy", "openrlhf", None),
+]
 
 
-def plot_modes(table: pd.DataFrame, out: Path) -> None:
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
-    labels = [LABELS[m] for m in table["mode"]]
-    colors = [COLORS[m] for m in table["mode"]]
-    axes[0].bar(labels, table["step_time_s"], color=colors)
-    axes[0].set(title="Mean step time (measured, CPU)", ylabel="seconds per step")
-    axes[1].bar(labels, table["steps_per_hour"], color=colors)
-    axes[1].set(title="Throughput (measured, CPU)", ylabel="steps per hour")
-    x = range(len(table))
-    axes[2].bar([i - 0.2 for i in x], table["speedup_vs_colocate"], width=0.4, label="measured (2-core CPU)",
-                color=colors)
-    axes[2].bar([i + 0.2 for i in x], table["published_speedup"].fillna(0), width=0.4, hatch="//",
-                label="published (16xH800)", color="white", edgecolor="black")
-    axes[2].set_xticks(list(x), labels)
-    axes[2].set(title="Speed-up over colocate", ylabel="x")
-    axes[2].axhline(1.0, color="black", lw=0.8)
-    axes[2].legend()
-    for ax in axes:
-        ax.tick_params(axis="x", rotation=15)
-    fig.tight_layout()
-    fig.savefig(out / "modes_step_time.png", dpi=120)
-    plt.close(fig)
+def ratios_table(runs: dict[str, Path]) -> pd.DataFrame:
+    rows = []
+    for name, fast, slow, pub in RATIOS:
+        if fast not in runs or slow not in runs:
+            continue
+        sf, ss = load_summary(runs[fast]), load_summary(runs[slow])
+        emulated = SYSTEMS[slow].emulated or SYSTEMS[fast].emulated
+        rows.append({
+            "speed-up": name + (" (emulated)" if emulated else ""),
+            "measured, step time (x)": round(ss["mean_step_time_s"] / sf["mean_step_time_s"], 3),
+            "measured, steps/hour (x)": round(sf["steps_per_hour"] / ss["steps_per_hour"], 3),
+            "published (x)": published_value(*pub) if pub else None,
+            "measured on": hardware(sf, load_config(runs[fast])),
+            "published on": f"{PUBLISHED_HW}, Qwen3-4B" if pub else "-",
+        })
+    return pd.DataFrame(rows)
 
 
-def plot_reward(runs: dict, out: Path) -> None:
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
-    for mode, key in MODES.items():
+def modes_table(runs: dict[str, Path]) -> pd.DataFrame:
+    """The paper's modes table: relax's three modes, step time and speed-up over colocate."""
+    rows, base = [], None
+    for key in ("colocate", "async_on_policy", "async_off_policy"):
         if key not in runs:
             continue
-        df = load_metrics(runs[key])
-        axes[0].plot(df["step"], df["reward_mean"], marker="o", ms=3, label=LABELS[mode], color=COLORS[mode])
-        axes[1].plot(df["wall_time_s"], df["reward_mean"], marker="o", ms=3, label=LABELS[mode], color=COLORS[mode])
-    axes[0].set(title="Reward against step", xlabel="training step", ylabel="mean reward of the step's samples")
-    axes[1].set(title="Reward against wall time", xlabel="wall time (s)", ylabel="mean reward")
+        s = load_summary(runs[key])
+        if key == "colocate":
+            base = s["mean_step_time_s"]
+        rows.append({
+            "mode": key, "step_time_s": s["mean_step_time_s"], "steps_per_hour": s["steps_per_hour"],
+            "speedup_vs_colocate": round(base / s["mean_step_time_s"], 3) if base else None,
+            "published_speedup": published_value("text_modes", "relax", key, "speedup_vs_colocate")
+            or (1.0 if key == "colocate" else None),
+            "published_step_time_s": published_value("text_modes", "relax", key, "step_time"),
+            "hardware (measured)": hardware(s, load_config(runs[key])),
+            "hardware (published)": f"{PUBLISHED_HW}, Qwen3-4B",
+        })
+    return pd.DataFrame(rows)
+
+
+def staleness_table(runs: dict[int, Path]) -> pd.DataFrame:
+    rows = []
+    for s_max, run in runs.items():
+        s = load_summary(run)
+        m = load_metrics(run)
+        rows.append({
+            "max_staleness": s_max, "run": "/".join(run.parts[-3:]), "step_time_s": s["mean_step_time_s"],
+            "steps_per_hour": s["steps_per_hour"], "staleness_mean_seen": round(float(m.staleness_mean.mean()), 3),
+            "reward_start": _r(s["initial_reward"]), "reward_end": _r(s["final_reward"]),
+            "eval_acc_end": _r(s.get("eval_accuracy_end")),
+            "hardware (measured)": hardware(s, load_config(run)),
+            "host load (1-min avg, before -> after)": host_load(run),
+        })
+    return pd.DataFrame(rows)
+
+
+# --- figures -----------------------------------------------------------------------------------------------
+def _label(key: str) -> str:
+    return SYSTEMS[key].label
+
+
+def plot_systems(table: pd.DataFrame, ratios: pd.DataFrame, runs: dict[str, Path], out: Path) -> Path:
+    keys = list(runs)
+    labels = [textwrap.fill(_label(k), 14) for k in keys]
+    colors = [SYSTEMS[k].color for k in keys]
+    hatches = ["xx" if SYSTEMS[k].emulated else None for k in keys]
+    fig, axes = plt.subplots(1, 3, figsize=(17, 4.8))
+    for ax, col, title, unit in [(axes[0], "step_time_s", "Mean step time", "seconds per step"),
+                                 (axes[1], "steps_per_hour", "Throughput", "steps per hour")]:
+        bars = ax.bar(labels, table[col], color=colors, hatch=hatches, edgecolor="black", linewidth=0.5)
+        pub_col = "published_step_time_s" if col == "step_time_s" else "published_steps_per_hour"
+        for bar, pub in zip(bars, table[pub_col]):
+            if pub is not None and not pd.isna(pub):
+                ax.annotate(f"{PUB_LABEL}:\n{pub:g}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                            ha="center", va="bottom", fontsize=7)
+        ax.set(title=f"{title} ({CPU_LABEL})", ylabel=unit)
+        ax.margins(y=0.25)
+        ax.tick_params(axis="x", labelsize=8)
+    ax = axes[2]
+    if len(ratios):
+        x = range(len(ratios))
+        ax.bar([i - 0.2 for i in x], ratios["measured, step time (x)"], width=0.4, color="#d62728",
+               label=CPU_LABEL)
+        pub = ratios["published (x)"].astype(float)
+        ax.bar([i + 0.2 for i in x], pub.fillna(0), width=0.4, hatch="//", color="white", edgecolor="black",
+               label=PUB_LABEL)
+        for i, (m, p) in enumerate(zip(ratios["measured, step time (x)"], pub)):
+            ax.text(i - 0.2, m, f"{m:.2f}x", ha="center", va="bottom", fontsize=8)
+            ax.text(i + 0.2, 0 if pd.isna(p) else p, "n/a" if pd.isna(p) else f"{p:.2f}x", ha="center",
+                    va="bottom", fontsize=8)
+        ax.set_xticks(list(x), [n.replace("relax async ", "async ").replace(" vs ", "\nvs ")
+                                for n in ratios["speed-up"]], fontsize=7)
+        ax.axhline(1.0, color="black", lw=0.8)
+        ax.legend(fontsize=8)
+    ax.set(title="Speed-up (ratio of step times)", ylabel="x")
+    ax.margins(y=0.2)
+    fig.suptitle("Step time by mode and system: relax modes, veRL and OpenRLHF schedules emulated at CPU scale",
+                 fontsize=11)
+    fig.tight_layout()
+    path = out / "systems_step_time.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_reward(runs: dict[str, Path], out: Path) -> Path:
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
+    for key, run in runs.items():
+        df = load_metrics(run)
+        sys = SYSTEMS[key]
+        style = dict(color=sys.color, ls="--" if sys.emulated else "-", lw=1.6)
+        smooth = df["reward_mean"].rolling(5, min_periods=1).mean()
+        for ax, x in ((axes[0], df["step"]), (axes[1], df["wall_time_s"])):
+            ax.plot(x, df["reward_mean"], color=sys.color, alpha=0.25, lw=0.8)
+            ax.plot(x, smooth, label=sys.label, **style)
+    axes[0].set(title="Reward against training step", xlabel="training step",
+                ylabel="mean reward of the step's samples")
+    axes[1].set(title="Reward against wall time (same reward, less time)", xlabel="wall time since training started (s)",
+                ylabel="mean reward")
     for ax in axes:
-        ax.legend()
+        ax.legend(fontsize=8, title=f"{CPU_LABEL}; 5-step mean, raw faint", title_fontsize=7)
         ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(out / "modes_reward.png", dpi=120)
+    path = out / "reward_curves.png"
+    fig.savefig(path, dpi=110)
     plt.close(fig)
+    return path
+
+
+def plot_staleness(table: pd.DataFrame, out: Path) -> Path:
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+    s = table["max_staleness"]
+    axes[0].plot(s, table["steps_per_hour"], marker="o", color="#d62728", label="steps per hour")
+    axes[0].set(title=f"Throughput against max_staleness, {CPU_LABEL}", xlabel="max_staleness s",
+                ylabel="steps per hour")
+    ax2 = axes[0].twinx()
+    ax2.plot(s, table["step_time_s"], marker="s", ls="--", color="#7f7f7f", label="mean step time")
+    ax2.set_ylabel("seconds per step")
+    h1, l1 = axes[0].get_legend_handles_labels()
+    h2, l2 = ax2.get_legend_handles_labels()
+    axes[0].legend(h1 + h2, l1 + l2, fontsize=8)
+    axes[1].plot(s, table["reward_end"], marker="o", color="#1f77b4", label="final reward (last quarter of steps)")
+    axes[1].plot(s, table["eval_acc_end"], marker="s", color="#2ca02c", label="held-out greedy accuracy after RL")
+    axes[1].set(title="Final reward against max_staleness (no published sweep)", xlabel="max_staleness s",
+                ylabel="reward / accuracy")
+    ax3 = axes[1].twinx()
+    ax3.plot(s, table["staleness_mean_seen"], marker="^", ls=":", color="#7f7f7f",
+             label="mean staleness of trained samples")
+    ax3.set_ylabel("weight versions behind")
+    h1, l1 = axes[1].get_legend_handles_labels()
+    h2, l2 = ax3.get_legend_handles_labels()
+    axes[1].legend(h1 + h2, l1 + l2, fontsize=8)
+    for ax in axes:
+        ax.set_xticks(list(s))
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path = out / "staleness_sweep.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# --- entry point -------------------------------------------------------------------------------------------
+HW_NOTE = ("Measured: this repository's CPU-scale runs (2-core CPU, no GPU, tiny models); veRL and OpenRLHF are "
+           "their schedules EMULATED in our engine with our kernels, not those frameworks. Published: the Relax "
+           "paper (arXiv 2604.11554), 16xH800, Qwen3-4B. Compare ratios, not absolute times.")
 
 
 def draw_all(source: Path, dest: Path = RESULTS) -> list[Path]:
-    runs = latest_runs(source)
+    """Every figure and table that the runs under `source` allow; returns the files written."""
+    runs = system_runs(source)
+    if not runs:
+        raise SystemExit(f"no runs of the compared systems under {source} (expected e.g. async/cpu/<run>/)")
     figs, tables = dest / "figures", dest / "tables"
     figs.mkdir(parents=True, exist_ok=True)
-    table = modes_table(runs)
-    if table.empty:
-        raise SystemExit(f"no runs of the modes experiments under {source}")
-    write_table(table, tables, "modes", "Step time by mode: measured (CPU scale) beside published (16xH800)")
-    plot_modes(table, figs)
-    plot_reward(runs, figs)
-    return sorted(figs.glob("*.png"))
+    written: list[Path] = []
+    systems, ratios = systems_table(runs), ratios_table(runs)
+    written += write_table(systems, tables, "systems", "Step time and throughput by mode and system", HW_NOTE)
+    written += write_table(ratios, tables, "ratios", "Speed-ups: measured at CPU scale beside published", HW_NOTE)
+    modes = modes_table(runs)
+    if len(modes):
+        written += write_table(modes, tables, "modes", "The paper's modes table: measured beside published", HW_NOTE)
+    written.append(plot_systems(systems, ratios, runs, figs))
+    written.append(plot_reward(runs, figs))
+    traced = {k: r for k, r in runs.items() if (r / "trace.json").exists()}
+    if traced:
+        cp = critical_path.critical_path_table(traced)
+        written += write_table(cp, tables, "critical_path", "Critical path of a step: mean seconds per steady step "
+                               "on the trainer's path, measured beside published", HW_NOTE)
+        written.append(critical_path.plot_gantt(traced, figs))
+        written.append(critical_path.plot_breakdown(cp, figs))
+    sweep = staleness_runs(source)
+    if len(sweep) >= 2:
+        st = staleness_table(sweep)
+        written += write_table(st, tables, "staleness", "Staleness sweep (relax async, CPU scale)", HW_NOTE)
+        written.append(plot_staleness(st, figs))
+    return written
 
 
 def default_source() -> Path:
-    return RESULTS if latest_runs(RESULTS) else RESULTS / "reference"
+    return RESULTS if latest_runs(RESULTS) else REFERENCE
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--source", type=Path, default=None, help="results root to read (default: results/)")
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--source", type=Path, default=None,
+                   help="results root to read (default: results/, or results/reference/ when it has no runs)")
+    p.add_argument("--dest", type=Path, default=RESULTS, help="where figures/ and tables/ go (default: results/)")
     args = p.parse_args(argv)
-    for path in draw_all(args.source or default_source()):
+    source = args.source or default_source()
+    print(f"reading runs under {source}")
+    for path in draw_all(source, args.dest):
         print(path)
 
 

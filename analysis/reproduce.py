@@ -1,29 +1,134 @@
-"""`make reproduce-fig`: run every CPU-scale experiment, then draw every figure and table."""
+"""`make reproduce-fig`: run every CPU-scale experiment, then draw every figure and table.
+
+Runs, in order (each a `relax run` of the file with the overrides shown):
+  relax colocate, async on-policy (max_staleness 0), async off-policy (max_staleness 1),
+  veRL and OpenRLHF schedules EMULATED, and the staleness sweep's s = 2 and 4 (s = 0 and 1 are the
+  on-policy and off-policy runs). Each run folder also gets host_load.json: the machine's load average
+  before and after it, so numbers taken while something else used the cores can be told apart.
+
+`python -m analysis.reproduce [--steps N] [--only NAME ...] [--update-reference]`
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import shutil
+import time
+from pathlib import Path
 
 from analysis.figures import draw_all
-from analysis.results import ROOT, RESULTS
-from relax.config import load_config
-from relax.controller import run_experiment
+from analysis.results import REFERENCE, RESULTS, ROOT
 
-EXPERIMENTS = ["experiments/colocate/cpu.yaml", "experiments/async/cpu-onpolicy.yaml", "experiments/async/cpu.yaml"]
+# (name, experiment file, overrides)
+EXPERIMENTS = [
+    ("colocate", "experiments/colocate/cpu.yaml", []),
+    ("async-on-policy", "experiments/async/cpu-onpolicy.yaml", []),
+    ("async-off-policy", "experiments/async/cpu.yaml", []),
+    ("verl-emulated", "experiments/async/cpu-verl.yaml", []),
+    ("openrlhf-emulated", "experiments/async/cpu-openrlhf.yaml", []),
+    ("staleness-2", "experiments/async/cpu.yaml", ["profile=cpu-staleness2", "max_staleness=2"]),
+    ("staleness-4", "experiments/async/cpu.yaml", ["profile=cpu-staleness4", "max_staleness=4"]),
+]
+# Files of a run kept in the committed reference set (trace.json only while small).
+REFERENCE_FILES = ["config.yaml", "metrics.jsonl", "summary.json", "host_load.json", "trace.json"]
+MAX_TRACE_BYTES = 400_000
+
+
+def _fmt(seconds: float) -> str:
+    return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
+
+
+def run_all(names: list[str] | None = None, steps: int | None = None, out: Path = RESULTS) -> list[Path]:
+    from relax.config import load_config
+    from relax.controller import run_experiment
+
+    todo = [e for e in EXPERIMENTS if not names or e[0] in names]
+    unknown = set(names or []) - {e[0] for e in EXPERIMENTS}
+    if unknown:
+        raise SystemExit(f"unknown experiment(s) {sorted(unknown)}; one of {[e[0] for e in EXPERIMENTS]}")
+    t_all, done = time.time(), []
+    for i, (name, path, overrides) in enumerate(todo, 1):
+        cfg = load_config(ROOT / path, overrides + ([f"steps={steps}"] if steps else []))
+        elapsed = time.time() - t_all
+        eta = f", about {_fmt(elapsed / (i - 1) * (len(todo) - i + 1))} left" if i > 1 else ""
+        print(f"\n[{i}/{len(todo)}] {name}: relax run {path} {' '.join(overrides)}  "
+              f"(elapsed {_fmt(elapsed)}{eta})", flush=True)
+        load_before = os.getloadavg()
+        t0 = time.time()
+        run_dir, summary = run_experiment(cfg, out=out)
+        (run_dir / "host_load.json").write_text(json.dumps({
+            "loadavg_before": [round(x, 2) for x in load_before],
+            "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+            "cpus": os.cpu_count(), "wall_s": round(time.time() - t0, 1)}))
+        print(f"    {run_dir}: {summary['mean_step_time_s']:.3f} s/step, {summary['steps_per_hour']:.0f} steps/h, "
+              f"reward {summary['initial_reward']:.3f} -> {summary['final_reward']:.3f} "
+              f"({_fmt(time.time() - t0)})", flush=True)
+        done.append(run_dir)
+    print(f"\nall {len(todo)} runs in {_fmt(time.time() - t_all)}")
+    return done
+
+
+def update_reference(run_dirs: list[Path], out: Path = RESULTS, reference: Path = REFERENCE) -> Path:
+    """Replace the committed reference set with these runs (small files only)."""
+    if reference.exists():
+        shutil.rmtree(reference)
+    for run in run_dirs:
+        dest = reference / run.relative_to(out)
+        dest.mkdir(parents=True)
+        for name in REFERENCE_FILES:
+            src = run / name
+            if src.exists() and not (name == "trace.json" and src.stat().st_size > MAX_TRACE_BYTES):
+                shutil.copy2(src, dest / name)
+    _write_readme(run_dirs, out, reference)
+    size = sum(p.stat().st_size for p in reference.rglob("*") if p.is_file())
+    print(f"reference set: {len(run_dirs)} runs, {size / 1e6:.2f} MB in {reference}")
+    return reference
+
+
+def _write_readme(run_dirs: list[Path], out: Path, reference: Path) -> None:
+    import subprocess
+
+    from analysis.results import host_load, load_summary
+
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                                text=True).stdout.strip()
+    except OSError:
+        commit = "?"
+    lines = ["# Reference CPU-scale runs", "",
+             "One full `make reproduce-fig` (`python -m analysis.reproduce --update-reference`), kept so that",
+             "`make figures` redraws every figure and table without rerunning (config.yaml, metrics.jsonl,",
+             "summary.json, trace.json, host_load.json of each run; no weights).", "",
+             f"Taken {time.strftime('%Y-%m-%d %H:%M')} at commit {commit}. veRL and OpenRLHF are schedules EMULATED "
+             "in Relax (relax/schedules/), not those frameworks.", "",
+             "| run | steps | step time (s) | steps/hour | host load, 1-min avg (before -> after) |",
+             "|---|---|---|---|---|"]
+    for run in run_dirs:
+        s = load_summary(run)
+        lines.append(f"| {run.relative_to(out)} | {s['steps']} | {s['mean_step_time_s']} | {s['steps_per_hour']} | "
+                     f"{host_load(run)} |")
+    lines += ["", "A load well above the core count means other work shared the cores while that run was timed: its "
+              "times are inflated and the ratios built on them uncertain (load differs from run to run)."]
+    (reference / "README.md").write_text("\n".join(lines) + "\n")
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=None, help="override every experiment's step count")
+    p.add_argument("--only", nargs="+", metavar="NAME", help="run only these (names above)")
+    p.add_argument("--out", type=Path, default=RESULTS, help="results root (default: results/)")
+    p.add_argument("--update-reference", action="store_true",
+                   help="copy these runs to results/reference/ (the committed set `make figures` draws from)")
+    p.add_argument("--no-figures", action="store_true")
     args = p.parse_args(argv)
-    for i, path in enumerate(EXPERIMENTS, 1):
-        cfg = load_config(ROOT / path, [f"steps={args.steps}"] if args.steps else [])
-        print(f"[{i}/{len(EXPERIMENTS)}] {path}")
-        run_dir, summary = run_experiment(cfg, out=RESULTS)
-        print(f"    {run_dir}: {summary['mean_step_time_s']:.3f} s/step, reward "
-              f"{summary['initial_reward']:.3f} -> {summary['final_reward']:.3f}")
-    for fig in draw_all(RESULTS):
-        print(fig)
+    runs = run_all(args.only, args.steps, args.out)
+    if args.update_reference:
+        update_reference(runs, args.out)
+    if not args.no_figures:
+        for fig in draw_all(args.out, args.out):
+            print(fig)
 
 
 if __name__ == "__main__":

@@ -65,6 +65,18 @@ def cmd_export(args) -> int:
     return 0
 
 
+def cmd_report(args) -> int:
+    from analysis.report import format_table, report_table
+
+    try:
+        table = report_table(args.runs, against=args.against)
+    except FileNotFoundError as err:
+        print(f"relax report: {err}", file=sys.stderr)
+        return 2
+    print(format_table(table, args.format), end="")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="relax", description="Relax: asynchronous RL post-training engine")
     sub = p.add_subparsers(dest="command", required=True)
@@ -101,6 +113,13 @@ def build_parser() -> argparse.ArgumentParser:
     from relax.api.cli import register as register_scale
 
     register_scale(sub)
+
+    rep = sub.add_parser("report", help="a table of runs (steps/hour, step time, reward, accuracy, staleness), "
+                         "optionally against the paper's published numbers")
+    rep.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folders, or folders holding run folders")
+    rep.add_argument("--against", choices=["published"], help="add the published numbers and speed-ups")
+    rep.add_argument("--format", choices=["markdown", "csv"], default="markdown")
+    rep.set_defaults(func=cmd_report)
 
     from baselines.cli import register as register_baseline
 

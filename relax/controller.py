@@ -31,6 +31,7 @@ from relax.roles.advantages import AdvantagesRole
 from relax.roles.reference import ReferenceRole
 from relax.roles.reward import RewardRole
 from relax.roles.rollout import RolloutRole
+from relax.schedules import get_schedule, is_emulated
 from relax.roles.critic import CriticRole
 from relax.roles.genrm import GenRMRole
 from relax.roles.teacher import TeacherRole
@@ -108,7 +109,7 @@ class Controller:
         names[-2:-2] = extra
         if self.cfg.task.reward == "genrm":
             names[names.index("reward")] = "genrm"
-        return names
+        return get_schedule(self.cfg).role_names(self.cfg, names)  # an emulated schedule may start fewer
 
     def start_roles(self, initial_state) -> None:
         cfg = self.cfg
@@ -173,6 +174,8 @@ class Controller:
         tail = rows[-max(1, len(rows) // 4):]
         summary = {
             "experiment": cfg.name, "profile": cfg.profile, "mode": cfg.mode, "max_staleness": cfg.max_staleness,
+            # relax, or the veRL / OpenRLHF schedule EMULATED with our kernels (relax/schedules/)
+            "schedule": cfg.schedule, "emulated": is_emulated(cfg.schedule),
             "steps": len(rows),
             "train_time_s": round(train_s, 3),
             "steps_per_hour": round(3600 * len(rows) / train_s, 3),
@@ -213,9 +216,10 @@ class Controller:
                 columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                            TextColumn("reward {task.fields[reward]:.3f}"), TimeElapsedColumn()]
                 with Progress(*columns, disable=not self.progress, transient=False) as bar:
-                    self.task_id = bar.add_task(f"{cfg.name} [{cfg.mode}]", total=cfg.steps, reward=0.0)
+                    label = cfg.mode if cfg.schedule == "relax" else f"{cfg.schedule} schedule, EMULATED"
+                    self.task_id = bar.add_task(f"{cfg.name} [{label}]", total=cfg.steps, reward=0.0)
                     t_start = time.time()
-                    (self.run_async if cfg.mode == "async" else self.run_colocate)(bar)
+                    get_schedule(cfg).run(self, bar)  # relax: run_async / run_colocate; else an emulation
                     self.poll(bar)
                 spans = ray.get(self.telemetry.all_spans.remote())
                 final_state = self.supervisor.final_state()[1]
@@ -237,5 +241,6 @@ class Controller:
 
 def run_experiment(cfg: ExperimentConfig, out: str | Path = "results", run: str | None = None,
                    progress: bool = True, api_port: int | None = None) -> tuple[Path, dict]:
+    get_schedule(cfg)  # a config the chosen schedule cannot run fails here, before any folder is made
     run_dir = make_run_dir(cfg, out, run)
     return run_dir, Controller(cfg, run_dir, progress, api_port).run()

@@ -97,12 +97,19 @@ class ActorRole(ModelRole):
     def recovery_info(self, ckpt_dir: str | None = None) -> dict:
         return {**super().recovery_info(ckpt_dir), **self.restored, "resumed_version": self.version}
 
-    def train_partition(self, k: int) -> dict:
+    def call(self, fn, *args, **kwargs):
+        """Run `fn(self, *args, **kwargs)` in this process: how a schedule (relax/schedules/) drives this role."""
+        return fn(self, *args, **kwargs)
+
+    def train_partition(self, k: int, loader=None, publish=None, extra: dict | None = None) -> dict:
+        """One optimizer step on partition k. A schedule may pass its own `loader` (micro-batches of whole
+        groups, with `wait_s`), its own `publish(version) -> seconds` and `extra` fields for the step record."""
         cfg = self.cfg
         t_start = time.time()
-        loader = StreamingLoader(self.bus, k, "actor_train", self.fields, rows_total=self.rows_per_step,
-                                 group_size=cfg.rollout.group_size,
-                                 micro_batch_tokens=cfg.training.micro_batch_tokens)
+        if loader is None:
+            loader = StreamingLoader(self.bus, k, "actor_train", self.fields, rows_total=self.rows_per_step,
+                                     group_size=cfg.rollout.group_size,
+                                     micro_batch_tokens=cfg.training.micro_batch_tokens)
         # Accumulate with unit denominators; divide the gradients by the true ones once all rows are seen.
         unit = LossScale(total_tokens=1, total_seqs=1)
         rewards, versions, tokens, seqs, losses = [], [], 0, 0, []
@@ -129,7 +136,7 @@ class ActorRole(ModelRole):
                 if p.grad is not None:
                     p.grad.div_(max(denom, 1))
             step_metrics = self.trainer.step()
-        sync_s = self.publish(k + 1)
+        sync_s = (publish or self.publish)(k + 1)
         self.bus.mark_trained(k)
         self.retained.append(k)
         self.release_committed()
@@ -150,6 +157,7 @@ class ActorRole(ModelRole):
             "loss": sum(m["loss"] for m in losses) / max(denom, 1),
             **step_metrics,
             **({"samples_dropped": dropped} if "keep" in self.fields else {}),
+            **(extra or {}),
         }
         for key in ("clip_frac", "approx_kl", "kl"):
             vals = [m[key] for m in losses if key in m]

@@ -40,6 +40,10 @@ class RolloutRole(ModelRole):
         self.engine.update_weights(state, version)
         self.version = version
 
+    def call(self, fn, *args, **kwargs):
+        """Run `fn(self, *args, **kwargs)` in this process: how a schedule (relax/schedules/) drives this role."""
+        return fn(self, *args, **kwargs)
+
     def run(self, steps: int, start: int = 0, recover: bool = False) -> None:
         if self.queue is not None:
             return self.run_shared(steps, start)

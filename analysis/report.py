@@ -1,0 +1,89 @@
+"""`relax report RUN_DIR... [--against published] [--format markdown|csv]`: a table of runs.
+
+One row per run (a run folder, or every run folder below a folder named): its system (relax mode, or a
+schedule emulated), steps/hour, mean step time, reward at the start and end, held-out accuracy before and
+after RL, staleness and pipeline efficiency. `--against published` adds the paper's numbers for the same
+system (16xH800) and the speed-up of each run over the first one (the first run's step time over this one's:
+above 1 is faster), measured beside published: the way to put a new algorithm or schedule next to the paper.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from analysis.results import (
+    PUBLISHED_HW, SYSTEMS, find_runs, hardware, load_config, load_summary, published_metric, system_of,
+)
+
+
+def _round(x, nd=3):
+    return None if x is None else round(float(x), nd)
+
+
+def report_table(paths: list[Path | str], against: str | None = None) -> pd.DataFrame:
+    runs = find_runs(paths)
+    summaries = [load_summary(r) for r in runs]
+    keys = [system_of(s) for s in summaries]
+    rows = []
+    for run, s, key in zip(runs, summaries, keys):
+        rows.append({
+            "run": "/".join(Path(run).parts[-3:]),
+            "system": SYSTEMS[key].label if key in SYSTEMS else key,
+            "algorithm": "{}/{}".format(*_algorithm(run)),
+            "steps": s["steps"],
+            "steps/hour": _round(s["steps_per_hour"], 1),
+            "step time (s)": _round(s["mean_step_time_s"], 4),
+            "reward start": _round(s["initial_reward"]),
+            "reward end": _round(s["final_reward"]),
+            "eval acc start": _round(s.get("eval_accuracy_start")),
+            "eval acc end": _round(s.get("eval_accuracy_end")),
+            "max staleness": s.get("max_staleness"),
+            "staleness seen (max)": s.get("staleness_max"),
+            "pipeline efficiency": s.get("pipeline_efficiency"),
+            "trainer wait share": s.get("trainer_wait_share"),
+            "hardware": hardware(s, load_config(run)),
+        })
+    df = pd.DataFrame(rows)
+    if against == "published" and rows:
+        base_key, base = keys[0], summaries[0]
+        # Relax async beside veRL: the paper's vs-veRL run (125.6 s), else its modes table (128.6 s).
+        ctx = "verl" if "verl" in keys else base_key
+        pub_step = [published_metric(k, "step_time", against=ctx) if k in SYSTEMS else None for k in keys]
+        pub_sph = [published_metric(k, "steps_per_hour", against=ctx) if k in SYSTEMS else None for k in keys]
+        df[f"published step time (s, {PUBLISHED_HW})"] = pub_step
+        df[f"published steps/hour ({PUBLISHED_HW})"] = pub_sph
+        df["speed-up vs first run, measured (x)"] = [
+            round(base["mean_step_time_s"] / s["mean_step_time_s"], 3) for s in summaries]
+        df["speed-up vs first run, published (x)"] = [_published_speedup(base_key, k) for k in keys]
+    return df
+
+
+def _published_speedup(base: str, key: str) -> float | None:
+    """Published step time of `base` over that of `key` (each taken from the paper's run that compares them)."""
+    if base not in SYSTEMS or key not in SYSTEMS:
+        return None
+    a = published_metric(base, "step_time", against=key)
+    b = published_metric(key, "step_time", against=base)
+    return round(a / b, 3) if a and b else None
+
+
+def _algorithm(run: Path) -> tuple[str, str]:
+    algo = load_config(run).get("algorithm", {})
+    return algo.get("advantage", "?"), algo.get("policy_loss", "?")
+
+
+def format_table(df: pd.DataFrame, fmt: str = "markdown") -> str:
+    if fmt == "csv":
+        return df.to_csv(index=False)
+    text = df.to_markdown(index=False)
+    emulated = any("(emulated)" in str(s) for s in df.get("system", []))
+    notes = []
+    if emulated:
+        notes.append("(emulated): the veRL / OpenRLHF schedule emulated in Relax with Relax's kernels, not that "
+                     "framework.")
+    if any(c.startswith("published") for c in df.columns):
+        notes.append("Published: Relax paper (arXiv 2604.11554), 16xH800, Qwen3-4B; measured: the hardware column. "
+                     "Compare speed-ups, not absolute times.")
+    return text + ("\n\n" + "\n".join(notes) if notes else "") + "\n"
