@@ -69,9 +69,6 @@ class FakePool:
         self._stage("remove", rid)
         del self.reps[rid]
 
-    def is_initial(self, rid):
-        return self.reps[rid]["initial"]
-
 
 @pytest.fixture
 def pool():

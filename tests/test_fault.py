@@ -136,3 +136,42 @@ def test_killing_every_role_mid_run_loses_and_repeats_no_sample(tmp_path):
     actor = next(e for e in rec["events"] if e["role"] == "actor")
     assert actor["resumed_version"] == actor["resume_step"] and actor["checkpoint_version"] is not None
     assert rec["global_restarts"] == 1
+
+
+def test_redelivery_hands_unwritten_rows_out_again_and_skips_written_ones(tmp_path):
+    import shutil
+    import tempfile
+
+    import ray
+    import torch
+
+    from relax.bus import Bus
+    from relax.config import BusConfig
+    from relax.fault.redelivery import existing_groups, live_partitions, produced, redeliver
+
+    tmp = tempfile.mkdtemp(prefix="relax-redelivery-", dir="/tmp")
+    ray.init(num_cpus=4, include_dashboard=False, _temp_dir=tmp, logging_level="WARNING")
+    bus = None
+    try:
+        bus = Bus.start(BusConfig(capacity_rows=64), group_size=2, max_staleness=1)
+        rows = {"sample_id": torch.arange(6), "group_id": torch.tensor([0, 0, 1, 1, 2, 2]),
+                "response_ids": [torch.arange(n + 1) for n in range(6)]}
+        bus.put_rows(0, rows)
+        assert live_partitions(bus) == [0] and existing_groups(bus, 0) == {0, 1, 2} and existing_groups(bus, 1) == set()
+        got = bus.fetch(0, "reward", ["response_ids"], max_rows=6)
+        assert got.size == 6
+        # The role writes rewards for two rows, then dies: the other four are consumed but never written.
+        first = got.select([0, 1])
+        bus.write(first, {"rewards": torch.tensor([1.0, 0.0])})
+        assert bus.fetch(0, "reward", ["response_ids"], max_rows=6) is None  # lost to the task without redelivery
+        done = produced(bus, 0, ["rewards"])
+        assert done == set(first.indexes)
+        assert redeliver(bus, "reward", 0) == [0]
+        again = bus.fetch(0, "reward", ["response_ids"], max_rows=6)
+        todo = [g for g in again.indexes if g not in done]
+        assert sorted(todo) == sorted(set(got.indexes) - done)
+    finally:
+        if bus is not None:
+            bus.close()
+        ray.shutdown()
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -109,8 +109,6 @@ class RolloutPool(Protocol):
 
     def remove(self, rid: str) -> None: ...  # stop the process, forget it
 
-    def is_initial(self, rid: str) -> bool: ...
-
 
 @dataclass
 class Replica:
@@ -169,9 +167,6 @@ class RayRolloutPool:
     def count(self) -> int:
         with self.lock:
             return sum(1 for r in self.replicas.values() if r.status not in ("REMOVED", "DRAINING", "REMOVING"))
-
-    def is_initial(self, rid: str) -> bool:
-        return self._get(rid).initial
 
     def create_replica(self) -> str:
         return self.rid(self._create(initial=False).index)

@@ -33,27 +33,25 @@ def redeliver(bus: Bus, task: str, from_step: int = 0) -> list[int]:
     return steps
 
 
+def _probe(bus: Bus, step: int, fields: list[str]):
+    """Metadata of every row of partition `step` on which all of `fields` exist, read under a private task
+    name (it consumes nothing any role reads). Goes through the same sampler as every fetch: TQ's production
+    status query fails while a put is reserving rows, the sampler path does not."""
+    return bus._tq().get_meta(data_fields=list(fields), batch_size=1, partition_id=partition_id(step),
+                              task_name=f"probe-{uuid.uuid4().hex}",
+                              sampling_config={"max_rows": 10**9, "group_size": bus.group_size, "whole_groups": False})
+
+
 def produced(bus: Bus, step: int, fields: list[str]) -> set[int]:
     """Global indexes of the rows of partition `step` on which every one of `fields` exists."""
     if not fields:
         return set()
-    index, status = bus._tq().get_production_status(list(fields), partition_id(step))
-    if index is None or status is None or index.numel() == 0:
-        return set()
-    done = status.bool().all(dim=1) if status.dim() == 2 else status.bool()
-    return set(index[done].tolist())
+    return set(_probe(bus, step, fields).global_indexes)
 
 
 def existing_groups(bus: Bus, step: int) -> set[int]:
-    """group_id of every row already on partition `step` (read under a private task name: consumes nothing
-    anyone else reads)."""
-    client = bus._tq()
-    pid = partition_id(step)
-    if pid not in client.get_partition_list():
-        return set()
-    meta = client.get_meta(data_fields=["group_id"], batch_size=1, partition_id=pid, task_name=f"probe-{uuid.uuid4().hex}",
-                           sampling_config={"max_rows": 10**9, "group_size": bus.group_size, "whole_groups": False})
+    """group_id of every row already on partition `step`."""
+    meta = _probe(bus, step, ["group_id"])
     if meta.size == 0:
         return set()
-    ids = client.get_data(meta)["group_id"]
-    return set(torch.as_tensor(ids).tolist())
+    return set(torch.as_tensor(bus._tq().get_data(meta)["group_id"]).tolist())
