@@ -1,6 +1,6 @@
 """A CPU-scale agentic experiment: a tiny model learns to call the calculator, read its reply, and answer.
 
-    python -m relax.agent.demo [--warmup 150] [--steps 10] [--out results/agent/cpu]
+    python -m relax.agent.demo [--warmup 120] [--steps 30] [--out results/agent/cpu]
 
 Task: "a*b=" for two-digit a, b (graded exactly). The intended trajectory is two model turns around one
 tool observation:  <tool>calc: a*b</tool>  |<obs>c</obs>|  <answer>c</answer></s>
@@ -44,12 +44,12 @@ def demo_trajectory(tok, row) -> Trajectory:
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
-    ap.add_argument("--warmup", type=int, default=150)
-    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=120)
+    ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--group", type=int, default=4)
     ap.add_argument("--lr", type=float, default=5e-4)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="results/agent/cpu")
     a = ap.parse_args(argv)
