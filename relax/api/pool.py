@@ -110,6 +110,9 @@ class RolloutPool(Protocol):
     def remove(self, rid: str) -> None: ...  # stop the process, forget it
 
 
+NOT_SERVING = ("REMOVED", "DRAINING", "REMOVING", "SPARE", "STARTING_SPARE")
+
+
 @dataclass
 class Replica:
     index: int
@@ -150,13 +153,21 @@ class RayRolloutPool:
             r.status = "READY"
         return made
 
-    def _create(self, initial: bool) -> Replica:
+    def _create(self, initial: bool, status: str = "CREATING") -> Replica:
         with self.lock:
             index = self.next_index
             self.next_index += 1
-            rep = Replica(index, self.factory(index), initial)
+            rep = Replica(index, self.factory(index), initial, status)
             self.replicas[index] = rep
             return rep
+
+    def add_spare(self) -> Replica:
+        """A warm standby: started and following the weights, but taking no work until swapped in."""
+        return self._create(initial=False, status="STARTING_SPARE")
+
+    def spare(self) -> Replica | None:
+        with self.lock:
+            return next((r for r in self.replicas.values() if r.status == "SPARE"), None)
 
     def activate_all(self) -> None:
         for r in list(self.replicas.values()):
@@ -166,7 +177,7 @@ class RayRolloutPool:
     # -- RolloutPool
     def count(self) -> int:
         with self.lock:
-            return sum(1 for r in self.replicas.values() if r.status not in ("REMOVED", "DRAINING", "REMOVING"))
+            return sum(1 for r in self.replicas.values() if r.status not in NOT_SERVING)
 
     def create_replica(self) -> str:
         return self.rid(self._create(initial=False).index)
@@ -249,7 +260,7 @@ class RayRolloutPool:
         out = []
         with self.lock:
             for r in self.replicas.values():
-                if r.status == "REMOVED":
+                if r.status in ("REMOVED", "SPARE", "STARTING_SPARE"):
                     continue
                 m = beats.get(r.pid)
                 out.append({"engine_id": self.rid(r.index), "initial": r.initial, "status": r.status, "pid": r.pid,

@@ -83,7 +83,10 @@ class Supervisor:
                 c.roles[name] = self._create(name)
         replicas = self.pool.add_initial(cfg.rollout.replicas)
         c.roles["rollout"] = replicas[0].handle
-        ray.get([r.ready.remote() for r in c.roles.values()])
+        spares = [self.pool.add_spare() for _ in range(cfg.health.spare_rollout if self.queue is not None else 0)]
+        ray.get([r.ready.remote() for r in [*c.roles.values(), *(s.handle for s in spares)]])
+        for s in spares:
+            s.pid, s.status = ray.get(s.handle.pid.remote()), "SPARE"
         self.pids = {n: ray.get(h.pid.remote()) for n, h in c.roles.items() if n != "rollout"}
         if self.api_port is not None:
             self._start_api()
@@ -203,6 +206,9 @@ class Supervisor:
 
     def _begin_restart(self, key, ev: dict | None = None) -> None:
         """Tier 1, first half: record, forget the dead process, start its replacement (ready later)."""
+        if isinstance(key, tuple) and key[0] == "spare":  # a standby died while starting: start another
+            self.pool.replicas[key[1]].status = "REMOVED"
+            return self._refill_spare()
         if isinstance(key, tuple):
             index = key[1]
             rep = self.pool.replicas[index]
@@ -212,6 +218,8 @@ class Supervisor:
             ray.kill(rep.handle)
             rep.status, rep.pid, rep.future = "RESTARTING", None, None
             ev["claims_returned"] = ev.get("claims_returned", 0) + ray.get(self.queue.release.remote(index))
+            if self.pool.spare() is not None:
+                return self._swap_in_spare(rep, ev)
             handle = self._create("rollout", index)
         else:
             ev = ev or self._event(key, 1)
@@ -221,6 +229,25 @@ class Supervisor:
             handle = self._create(key)
         self.restarting[handle.ready.remote()] = (key, handle, ev)
 
+    def _swap_in_spare(self, dead, ev: dict) -> None:
+        """A warm standby takes the dead replica's place (and its `initial` standing) at once."""
+        spare = self.pool.spare()
+        ev["replaced_by_spare"] = self.pool.rid(spare.index)
+        self._ready(ev, spare.handle)
+        start = self.c.bus.oldest_unconsumed()
+        ev["resume_step"] = start
+        with self.pool.lock:
+            dead.status = "REMOVED"
+            spare.initial, spare.status = dead.initial, "ACTIVE"
+            spare.future = self._start_replica(spare.handle, spare.index, start=start, recover=True)
+        if self.c.roles.get("rollout") is dead.handle:
+            self.c.roles["rollout"] = spare.handle
+        self._refill_spare()
+
+    def _refill_spare(self) -> None:
+        rep = self.pool.add_spare()
+        self.restarting[rep.handle.ready.remote()] = (("spare", rep.index), rep.handle, None)
+
     def _finish_restart(self, ref) -> None:
         """Tier 1, second half: the replacement is up; hand it its unfinished work and start it."""
         key, handle, ev = self.restarting.pop(ref)
@@ -229,6 +256,10 @@ class Supervisor:
             pid = ray.get(handle.pid.remote())
         except ray.exceptions.RayActorError:  # it died while starting: again
             return self._begin_restart(key, ev)
+        if isinstance(key, tuple) and key[0] == "spare":
+            rep = self.pool.replicas[key[1]]
+            rep.pid, rep.status = pid, "SPARE"
+            return
         self._ready(ev, handle)  # before its run(): an actor answers calls in order
         start = self.c.bus.oldest_unconsumed()
         ev["resume_step"] = start
@@ -295,6 +326,9 @@ class Supervisor:
         # 1. Stop every role process (the bus and the driver's DCS copy survive), replacements being started too.
         for key, handle, pending_ev in self.restarting.values():
             ray.kill(handle)
+            if isinstance(key, tuple) and key[0] == "spare":
+                self.pool.replicas[key[1]].status = "REMOVED"
+                continue
             pending_ev["superseded_by_global_restart"] = True
             if isinstance(key, tuple):
                 self.pool.replicas[key[1]].status = "ACTIVE"  # restarted below with the others
