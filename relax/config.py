@@ -242,8 +242,10 @@ class ExperimentConfig(Strict):
     @model_validator(mode="after")
     def _check(self) -> "ExperimentConfig":
         supervised = self.mode == "async" and self.schedule == "relax"
-        if self.rollout.replicas > 1 and not supervised:
-            raise ValueError("rollout.replicas > 1 needs mode 'async' and schedule 'relax'")
+        # Several torch-engine replicas share a partition through the async GroupQueue; SGLang engines on a
+        # cluster are independent servers and run in every mode.
+        if self.rollout.replicas > 1 and self.rollout.engine == "torch" and not supervised:
+            raise ValueError("rollout.replicas > 1 (torch engine) needs mode 'async' and schedule 'relax'")
         for i, f in enumerate(self.faults):
             if not supervised:
                 raise ValueError(f"faults.{i}: fault injection needs mode 'async' and schedule 'relax'")
