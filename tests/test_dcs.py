@@ -7,7 +7,6 @@ import shutil
 import signal
 import sys
 import tempfile
-import time
 
 import pytest
 import ray

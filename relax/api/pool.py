@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import itertools
 import threading
-import time
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 import ray
@@ -120,7 +119,6 @@ class Replica:
     initial: bool
     status: str = "CREATING"
     pid: int | None = None
-    created: float = field(default_factory=time.time)
     future: Any = None  # the run() call while ACTIVE
     version: int = -1
 

@@ -392,9 +392,6 @@ class DCSCoordinator:
         """Sample ids of every committed version, in version order (the exactly-once account)."""
         return [s for v in sorted(self.committed) for s in self.committed[v]]
 
-    async def reachable(self) -> int:
-        return self._reachable()
-
 
 # ---- client ----------------------------------------------------------------------------------------------------
 class DCS:
