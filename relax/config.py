@@ -178,6 +178,8 @@ class DCSConfig(Strict):
     transport: Literal["object_store", "gloo"] = "gloo"
     bucket_mb: float = Field(64.0, gt=0)  # transfer bucket (staging buffers are cut into buckets of this size)
     timeout_s: float = Field(60.0, gt=0)  # a transfer that stalls this long fails and is retried from another peer
+    # Where the staging buffers live: cpu (process groups are gloo) or cuda (the same code, NCCL groups; GPU roles).
+    device: Literal["cpu", "cuda"] = "cpu"
 
 
 class HealthConfig(Strict):

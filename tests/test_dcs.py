@@ -163,3 +163,14 @@ def test_object_store_transport_has_the_same_interface(ray_session):
             ray.kill(a)
     finally:
         d.close()
+
+
+def test_staging_on_a_gpu_selects_nccl_through_the_same_code():
+    import torch.distributed as dist
+
+    from relax.weights.dcs import make_pair_group
+
+    if getattr(dist, "ProcessGroupNCCL", None) is not None:
+        pytest.skip("this torch build has NCCL; the pairing is checked on GPU machines")
+    with pytest.raises(RuntimeError, match="no NCCL"):
+        make_pair_group(dist.HashStore(), "s", 0, 5.0, "cuda", "127.0.0.1")
