@@ -71,7 +71,7 @@ class Supervisor:
     def start(self, initial_state: dict) -> None:
         cfg, c = self.cfg, self.c
         d = cfg.dcs
-        self.dcs = DCS.start(d.transport, d.bucket_mb, d.timeout_s, cfg.health.heartbeat_s)
+        self.dcs = DCS.start(d.transport, d.bucket_mb, d.timeout_s, cfg.health.heartbeat_s, d.device)
         # The driver pins version 0 (the reference policy) and follows every newer version.
         self.dcs.join("driver", serve=True, follow=True)
         self.dcs.publish(0, initial_state, pin=True)

@@ -435,7 +435,7 @@ class DCS:
     # -- lifecycle
     @classmethod
     def start(cls, transport: str = "gloo", bucket_mb: float = 64.0, timeout_s: float = 60.0,
-              heartbeat_s: float = 0.5) -> DCS:
+              heartbeat_s: float = 0.5, device: str = "cpu") -> DCS:
         """Start the coordinator (driver, after ray.init) and return a handle for the roles."""
         try:
             ray.get_actor(NAME, namespace=NAMESPACE)
@@ -446,7 +446,7 @@ class DCS:
         host = ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
         coord = DCSCoordinator.options(name=NAME, namespace=NAMESPACE).remote(transport, host)
         ray.get(coord.topology.remote())
-        dcs = cls(transport, bucket_mb, timeout_s, heartbeat_s)
+        dcs = cls(transport, bucket_mb, timeout_s, heartbeat_s, device)
         dcs._coord = coord
         return dcs
 
