@@ -144,17 +144,17 @@ def plot_systems(table: pd.DataFrame, ratios: pd.DataFrame, runs: dict[str, Path
     colors = [SYSTEMS[k].color for k in keys]
     hatches = ["xx" if SYSTEMS[k].emulated else None for k in keys]
     fig, axes = plt.subplots(1, 3, figsize=(17, 4.8))
-    for ax, col, title, unit in [(axes[0], "step_time_s", "Mean step time", "seconds per step"),
-                                 (axes[1], "steps_per_hour", "Throughput", "steps per hour")]:
-        bars = ax.bar(labels, table[col], color=colors, hatch=hatches, edgecolor="black", linewidth=0.5)
-        pub_col = "published_step_time_s" if col == "step_time_s" else "published_steps_per_hour"
-        for bar, pub in zip(bars, table[pub_col]):
-            if pub is not None and not pd.isna(pub):
-                ax.annotate(f"{PUB_LABEL}:\n{pub:g}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                            ha="center", va="bottom", fontsize=7)
-        ax.set(title=f"{title} ({CPU_LABEL})", ylabel=unit)
-        ax.margins(y=0.25)
-        ax.tick_params(axis="x", labelsize=8)
+    for ax, col, title, unit, pub_col in [
+            (axes[0], "step_time_s", "Mean step time", "seconds per step", "published_step_time_s"),
+            (axes[1], "steps_per_hour", "Throughput", "steps per hour", "published_steps_per_hour")]:
+        ax.bar(labels, table[col], color=colors, hatch=hatches, edgecolor="black", linewidth=0.5)
+        # The published value of each system under its bar's label (absolute times differ by orders of magnitude).
+        ticks = [f"{lbl}\n{PUB_LABEL.split(' ')[0]}: {pub:g}" if pub is not None and not pd.isna(pub)
+                 else f"{lbl}\n{PUB_LABEL.split(' ')[0]}: n/a" for lbl, pub in zip(labels, table[pub_col])]
+        ax.set_xticks(range(len(labels)), ticks)
+        ax.set(title=f"{title}, {CPU_LABEL}", ylabel=unit,
+               xlabel=f"under each bar: the {PUB_LABEL} value ({'s' if col == 'step_time_s' else '1/h'})")
+        ax.tick_params(axis="x", labelsize=7)
     ax = axes[2]
     if len(ratios):
         x = range(len(ratios))
