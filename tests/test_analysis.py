@@ -104,7 +104,7 @@ def test_report_against_published(capsys):
     out = capsys.readouterr().out
     assert "relax async off-policy" in out and "veRL (emulated)" in out and "16xH800" in out
     df = report.report_table([runs["async_off_policy"], runs["verl"], runs["colocate"]], against="published")
-    assert list(df["published step time (s, 16xH800 (published))"]) == [125.6, 150.5, 225.9]
+    assert list(df["published step time (s, 16xH800)"]) == [125.6, 150.5, 225.9]
     assert list(df["speed-up vs first run, published (x)"]) == [1.0, 0.835, 0.569]  # >1: faster than the first
     m = df["speed-up vs first run, measured (x)"]
     assert m.iloc[0] == 1.0 and (m > 0).all()
