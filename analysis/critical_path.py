@@ -169,7 +169,8 @@ def plot_gantt(runs: dict[str, Path], out: Path) -> Path:
                      label="weight-sync barrier / lock wait"),
                Patch(facecolor=SPAN_COLOR["ref_forward_wait"], hatch="//", edgecolor="black",
                      label="trainer waits for reference"),
-               Patch(facecolor="#dddddd", hatch="//", edgecolor="black", label="rollout gated (staleness / queue / lock)")]
+               Patch(facecolor="#dddddd", hatch="//", edgecolor="black",
+                     label="rollout gated (staleness / queue / lock)")]
     fig.legend(handles=legend, loc="lower center", ncol=5, fontsize=8, frameon=False)
     fig.suptitle("Critical path of one training step per system (measured, 2-core CPU; veRL and OpenRLHF "
                  "schedules emulated)", fontsize=11)

@@ -194,8 +194,8 @@ def plot_reward(runs: dict[str, Path], out: Path) -> Path:
             ax.plot(x, smooth, label=sys.label, **style)
     axes[0].set(title="Reward against training step", xlabel="training step",
                 ylabel="mean reward of the step's samples")
-    axes[1].set(title="Reward against wall time (same reward, less time)", xlabel="wall time since training started (s)",
-                ylabel="mean reward")
+    axes[1].set(title="Reward against wall time (same reward, less time)",
+                xlabel="wall time since training started (s)", ylabel="mean reward")
     for ax in axes:
         ax.legend(fontsize=8, title=f"{CPU_LABEL}; 5-step mean, raw faint", title_fontsize=7)
         ax.grid(alpha=0.3)
@@ -245,9 +245,10 @@ HW_NOTE = ("Measured: this repository's CPU-scale runs (2-core CPU, no GPU, tiny
            "paper (arXiv 2604.11554), 16xH800, Qwen3-4B. Compare ratios, not absolute times.")
 
 
-def draw_all(source: Path, dest: Path = RESULTS) -> list[Path]:
-    """Every figure and table that the runs under `source` allow; returns the files written."""
-    runs = system_runs(source)
+def draw_all(source: Path, dest: Path = RESULTS, only: list[Path] | None = None) -> list[Path]:
+    """Every figure and table that the runs under `source` (only those in `only`, when given) allow; returns
+    the files written."""
+    runs = system_runs(source, only)
     if not runs:
         raise SystemExit(f"no runs of the compared systems under {source} (expected e.g. async/cpu/<run>/)")
     figs, tables = dest / "figures", dest / "tables"
@@ -268,7 +269,7 @@ def draw_all(source: Path, dest: Path = RESULTS) -> list[Path]:
                                "on the trainer's path, measured beside published", HW_NOTE)
         written.append(critical_path.plot_gantt(traced, figs))
         written.append(critical_path.plot_breakdown(cp, figs))
-    sweep = staleness_runs(source)
+    sweep = staleness_runs(source, only)
     if len(sweep) >= 2:
         st = staleness_table(sweep)
         written += write_table(st, tables, "staleness", "Staleness sweep (relax async, CPU scale)", HW_NOTE)

@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.update_reference:
         update_reference(runs, args.out)
     if not args.no_figures:
-        for fig in draw_all(args.out, args.out):
+        for fig in draw_all(args.out, args.out, only=runs):  # these runs, not older ones under --out
             print(fig)
 
 

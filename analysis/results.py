@@ -55,10 +55,15 @@ def system_of(summary: dict) -> str:
     return "async_on_policy" if summary.get("max_staleness", 1) == 0 else "async_off_policy"
 
 
-def run_dirs(root: Path) -> list[Path]:
-    """Every complete run (has summary.json) at results/<experiment>/<profile>/<run>/ under root."""
-    return sorted(p.parent for p in Path(root).glob("*/*/*/summary.json")
-                  if p.parts[len(Path(root).parts)] not in SKIP)
+def run_dirs(root: Path, only: list[Path] | None = None) -> list[Path]:
+    """Every complete run (has summary.json) at results/<experiment>/<profile>/<run>/ under root (restricted
+    to the folders in `only` when given)."""
+    root = Path(root)
+    runs = sorted(p.parent for p in root.glob("*/*/*/summary.json") if p.parts[len(root.parts)] not in SKIP)
+    if only is not None:
+        keep = {Path(o).resolve() for o in only}
+        runs = [r for r in runs if r.resolve() in keep]
+    return runs
 
 
 def find_runs(paths: list[Path | str]) -> list[Path]:
@@ -77,26 +82,26 @@ def find_runs(paths: list[Path | str]) -> list[Path]:
     return list(dict.fromkeys(out))
 
 
-def latest_runs(root: Path) -> dict[tuple[str, str], Path]:
+def latest_runs(root: Path, only: list[Path] | None = None) -> dict[tuple[str, str], Path]:
     """The newest run of each (experiment, profile)."""
     out: dict[tuple[str, str], Path] = {}
-    for d in run_dirs(root):
+    for d in run_dirs(root, only):
         key = (d.parent.parent.name, d.parent.name)
         if key not in out or d.name > out[key].name:
             out[key] = d
     return out
 
 
-def system_runs(root: Path) -> dict[str, Path]:
+def system_runs(root: Path, only: list[Path] | None = None) -> dict[str, Path]:
     """The newest run of each compared system (by its experiment/profile), in SYSTEMS order."""
-    runs = latest_runs(root)
+    runs = latest_runs(root, only)
     return {k: runs[(s.experiment, s.profile)] for k, s in SYSTEMS.items() if (s.experiment, s.profile) in runs}
 
 
-def staleness_runs(root: Path) -> dict[int, Path]:
+def staleness_runs(root: Path, only: list[Path] | None = None) -> dict[int, Path]:
     """The newest relax async run of the `async` experiment for each max_staleness (the staleness sweep)."""
     out: dict[int, Path] = {}
-    for d in run_dirs(root):
+    for d in run_dirs(root, only):
         if d.parent.parent.name != "async":
             continue
         s = load_summary(d)

@@ -155,3 +155,12 @@ def test_update_reference_copies_small_files_only(tmp_path):
     assert [e[0] for e in reproduce.EXPERIMENTS] == ["colocate", "async-on-policy", "async-off-policy",
                                                     "verl-emulated", "openrlhf-emulated", "staleness-2",
                                                     "staleness-4"]
+
+
+def test_draw_all_only_the_runs_given(tmp_path):
+    runs = system_runs(FIXTURE)
+    written = figures.draw_all(FIXTURE, tmp_path, only=[runs["async_off_policy"], runs["verl"]])
+    systems = pd.read_csv(tmp_path / "tables" / "systems.csv")
+    assert list(systems.system) == ["relax async off-policy", "veRL (emulated)"]
+    assert not (tmp_path / "tables" / "staleness.csv").exists()  # one staleness setting is no sweep
+    assert tmp_path / "figures" / "critical_path_gantt.png" in written
