@@ -234,6 +234,7 @@ class ExperimentConfig(Strict):
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
     bus: BusConfig = Field(default_factory=BusConfig)
+    moe: MoEConfig = Field(default_factory=MoEConfig)
     teacher: TeacherConfig = Field(default_factory=TeacherConfig)
     genrm: GenRMConfig = Field(default_factory=GenRMConfig)
     dcs: DCSConfig = Field(default_factory=DCSConfig)
@@ -266,6 +267,12 @@ class ExperimentConfig(Strict):
             raise ValueError(
                 f"bus.capacity_rows={self.bus.capacity_rows} cannot hold max_staleness+1 partitions of {rows} rows"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _check_moe(self) -> "ExperimentConfig":
+        if self.moe.r3 and self.model.kind not in ("tiny_qwen3_moe", "hf"):
+            raise ValueError(f"moe.r3: routing replay needs an MoE model (model.kind '{self.model.kind}' is dense)")
         return self
 
     @property

@@ -4,6 +4,10 @@ Prompts are left-padded so every row decodes at the same position; positions are
 mask, so padding changes no logits. Sampling uses the Gumbel-max trick (one argmax instead of
 `torch.multinomial`, ~30x cheaper over a 49k vocabulary). The recorded log-prob of each token is under the
 temperature-scaled full distribution, the same quantity the trainer recomputes.
+
+With `record_routing` (MoE models, for R3) each Generation carries `extras["routed_experts"]`: the experts
+of every token fed to the model, uint8 [prompt_len + completion_len - 1, moe_layers, top_k], as SGLang's
+`return_routed_experts` (relax/moe/capture.py: router hooks into reused buffers, no per-token sync).
 """
 
 from __future__ import annotations
@@ -50,9 +54,15 @@ def sample_tokens(logits: torch.Tensor, temperature: float, top_p: float, gen: t
 class TorchEngine:
     """Generation with in-place weight updates, pause/resume, and sleep/wake (weights released while asleep)."""
 
-    def __init__(self, model, tokenizer, *, dtype="float32", temperature=1.0, top_p=1.0, seed=0):
+    def __init__(self, model, tokenizer, *, dtype="float32", temperature=1.0, top_p=1.0, seed=0,
+                 record_routing=False):
         self.dtype = DTYPES[dtype]
         self.model = model.to(self.dtype).eval()
+        self.capture = None
+        if record_routing:
+            from relax.moe.capture import RoutingCapture
+
+            self.capture = RoutingCapture(self.model)
         self.tokenizer = tokenizer
         self.temperature = temperature
         self.top_p = top_p
@@ -109,7 +119,11 @@ class TorchEngine:
         with self._lock:
             if self.asleep:
                 raise RuntimeError("engine is asleep: wake() it with weights before generating")
-            return self._generate(prompts, max_new_tokens)
+            try:
+                return self._generate(prompts, max_new_tokens)
+            finally:
+                if self.capture is not None:
+                    self.capture.stop()
 
     def _generate(self, prompts, max_new_tokens):
         B = len(prompts)
@@ -128,8 +142,13 @@ class TorchEngine:
         lengths = torch.full((B,), max_new_tokens, dtype=torch.long)
         past = None
         step_ids, step_pos = ids, pos
+        cap = self.capture
+        if cap is not None:
+            cap.begin(B, L, max_new_tokens)
         for t in range(max_new_tokens):
             self._running.wait()
+            if cap is not None:
+                cap.prefill() if t == 0 else cap.decode(t)
             out = self.model(input_ids=step_ids, attention_mask=attn, position_ids=step_pos,
                              past_key_values=past, use_cache=True)
             past = out.past_key_values
@@ -145,10 +164,13 @@ class TorchEngine:
             # Finished rows keep decoding pads (batch shape stays fixed); their outputs are discarded.
             attn = torch.cat([attn, torch.ones((B, 1), dtype=torch.long)], dim=1)
             step_ids, step_pos = tok[:, None], step_pos[:, -1:] + 1
+        routes = cap.finish() if cap is not None else None
         gens = []
         for i in range(B):
             n = int(lengths[i])
             stopped = n < max_new_tokens or bool(out_tok[i, n - 1] == eos)
             gens.append(Generation(out_tok[i, :n].tolist(), out_lp[i, :n].tolist(),
                                    "stop" if stopped else "length", self.version))
+            if routes is not None:
+                gens[-1].extras["routed_experts"] = cap.routes(*routes, i, len(prompts[i]), n)
         return gens

@@ -16,6 +16,7 @@ import torch
 from relax.algorithms import LossScale
 from relax.bus import StreamingLoader
 from relax.models import state_dict_cpu
+from relax.moe.fields import r3_fields
 from relax.roles.base import ModelRole
 from relax.trainers import TorchTrainer
 from relax.weights.dcs import model_tensors
@@ -37,7 +38,7 @@ class ActorRole(ModelRole):
         self.sync_weights(min_version=0)
         self.trainer = TorchTrainer(self.model, self.tokenizer.pad_token_id, cfg)
         self.telemetry = telemetry
-        self.fields = TRAIN_FIELDS + (["ref_log_probs"] if cfg.algorithm.kl_coef > 0 else [])
+        self.fields = TRAIN_FIELDS + (["ref_log_probs"] if cfg.algorithm.kl_coef > 0 else []) + r3_fields(cfg)
         self.fields += ["keep"] * cfg.algorithm.dynamic_sampling.enabled  # DAPO marks from Advantages
         self.trained_ids: list[int] = []
         self.step_ids: list[int] = []  # sample ids of the step being trained: the DCS ledger entry of its version
@@ -159,7 +160,7 @@ class ActorRole(ModelRole):
             **({"samples_dropped": dropped} if "keep" in self.fields else {}),
             **(extra or {}),
         }
-        for key in ("clip_frac", "approx_kl", "kl"):
+        for key in ("clip_frac", "approx_kl", "kl", "logp_gap_abs", "logp_gap_kl"):
             vals = [m[key] for m in losses if key in m]
             if vals:
                 record[key] = sum(vals) / len(vals)

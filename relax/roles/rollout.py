@@ -13,6 +13,7 @@ import ray
 import torch
 
 from relax.engines import TorchEngine
+from relax.moe.fields import routing_fields
 from relax.fault.redelivery import existing_groups
 from relax.roles.base import ModelRole
 from relax.tasks import make_task
@@ -28,7 +29,7 @@ class RolloutRole(ModelRole):
         super().__init__(cfg, bus, telemetry, weights, threads, replica)
         r = cfg.rollout
         self.engine = TorchEngine(self.model, self.tokenizer, dtype=r.dtype, temperature=r.temperature,
-                                  top_p=r.top_p, seed=cfg.seed + 1000 * (replica or 0))
+                                  top_p=r.top_p, record_routing=cfg.moe.r3, seed=cfg.seed + 1000 * (replica or 0))
         self.queue = queue  # the GroupQueue shared by the replicas (None: this one generates every group)
         self.data = make_task(cfg.task, cfg.seed, "train")
         self.order = list(range(len(self.data)))
@@ -116,7 +117,7 @@ class RolloutRole(ModelRole):
         gens = self.engine.generate(prompts, r.max_new_tokens)
         sample_ids = [(k * r.prompts_per_step + g) * G + j for g in groups for j in range(G)]
         resp = [torch.tensor(g.token_ids, dtype=torch.long) for g in gens]
-        return {
+        rows = {
             "sample_id": torch.tensor(sample_ids),
             "group_id": torch.tensor([k * r.prompts_per_step + g for g in groups for _ in range(G)]),
             "prompt_index": torch.tensor(prompt_idx),
@@ -127,6 +128,11 @@ class RolloutRole(ModelRole):
             "truncated": torch.tensor([int(g.finish_reason == "length") for g in gens]),
             "total_len": torch.tensor([len(p) + len(x) for p, x in zip(prompts, resp)]),
         }
+        if self.cfg.moe.r3:  # R3: each token's experts, uint8 (relax/moe/fields.py)
+            rows.update(routing_fields([g.extras["routed_experts"] for g in gens], [len(p) for p in prompts],
+                                       [len(x) for x in resp], self.engine.capture.num_experts,
+                                       with_prompt=self.cfg.moe.r3_prompt))
+        return rows
 
     # --- colocated mode: the engine's weights are released while training holds the cores -----------
     def sleep(self) -> dict:

@@ -3,6 +3,8 @@
 Sequences are packed as prompt + response, right-padded (causal attention makes trailing pads inert).
 A training step is a stream of micro-batches (gradients accumulate) followed by one optimizer step; the
 loss of each micro-batch is scaled by the whole step's token/sequence counts so accumulation is exact.
+A micro-batch carrying `rollout_routed_experts` (R3, relax/moe/) is run with the rollout's expert choices
+replayed in every MoE layer, in the training forward and in the log-prob forwards alike.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import torch
 
 from relax.algorithms import LossScale, aggregate, check_config, get_policy_loss, kl_penalty
 from relax.config import ExperimentConfig
+from relax.moe.replay import replay_from_batch
 
 
 @dataclass
@@ -72,18 +75,23 @@ class TorchTrainer:
         self.loss_fn = get_policy_loss(cfg.algorithm.policy_loss)
         self.temperature = cfg.rollout.temperature
 
-    def log_probs(self, prompts: list[torch.Tensor], responses: list[torch.Tensor], token_budget: int) -> list[torch.Tensor]:
-        return compute_log_probs(self.model, self.pad_id, prompts, responses, self.temperature, token_budget)
+    def log_probs(self, prompts: list[torch.Tensor], responses: list[torch.Tensor], token_budget: int,
+                  routing: dict | None = None) -> list[torch.Tensor]:
+        return compute_log_probs(self.model, self.pad_id, prompts, responses, self.temperature, token_budget,
+                                 routing)
 
     def accumulate(self, mb: dict, scale: LossScale) -> dict[str, float]:
         """Forward + backward of one micro-batch; gradients accumulate until `step()`."""
         packed = pack(mb["prompt_ids"], mb["response_ids"], self.pad_id)
-        logp = token_log_probs(self.model, packed, self.temperature)
+        with replay_from_batch(self.model, mb, packed.input_ids.shape[1]):
+            logp = token_log_probs(self.model, packed, self.temperature)
         old = pad_right(mb["old_log_probs"], dtype=torch.float32)
         adv = pad_right(mb["advantages"], dtype=torch.float32)
         rollout_lp = pad_right(mb["rollout_log_probs"], dtype=torch.float32) if "rollout_log_probs" in mb else None
         loss, metrics = self.loss_fn(logp, old, adv, packed.mask, self.cfg.algorithm, loss_scale=scale,
                                      rollout_log_probs=rollout_lp)
+        if rollout_lp is not None:
+            metrics.update(logp_gap(logp.detach(), rollout_lp, packed.mask))
         a = self.cfg.algorithm
         if a.kl_coef > 0 and "ref_log_probs" in mb:
             kl = kl_penalty(logp, pad_right(mb["ref_log_probs"], dtype=torch.float32), a.kl_estimator)
@@ -101,16 +109,28 @@ class TorchTrainer:
         return {"grad_norm": float(grad_norm)}
 
 
+def logp_gap(logp: torch.Tensor, rollout_lp: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """Trainer vs rollout engine on the rollout's tokens: mean |delta log-prob| and the k3 estimate of
+    KL(engine || trainer) (the tokens are samples of the engine's distribution)."""
+    n = mask.sum().clamp(min=1)
+    r = (logp - rollout_lp) * mask
+    kl = (r.clamp(max=30).exp() - 1 - r) * mask
+    return {"logp_gap_abs": float(r.abs().sum() / n), "logp_gap_kl": float(kl.sum() / n)}
+
+
 @torch.no_grad()
 def compute_log_probs(model, pad_id: int, prompts: list[torch.Tensor], responses: list[torch.Tensor],
-                      temperature: float, token_budget: int) -> list[torch.Tensor]:
-    """Per-token log-probs of each response (no grad), micro-batched by token budget."""
+                      temperature: float, token_budget: int, routing: dict | None = None) -> list[torch.Tensor]:
+    """Per-token log-probs of each response (no grad), micro-batched by token budget. `routing`: the rows'
+    R3 fields (`rollout_routed_experts`, ...) to replay, or None."""
     was_training = model.training
     model.eval()
     out: list[torch.Tensor] = []
     for lo, hi in budget_slices([len(p) + len(r) for p, r in zip(prompts, responses)], token_budget):
         packed = pack(prompts[lo:hi], responses[lo:hi], pad_id)
-        lp = token_log_probs(model, packed, temperature)
+        rows = {"prompt_ids": prompts, "response_ids": responses, **(routing or {})}
+        with replay_from_batch(model, rows, packed.input_ids.shape[1], slice(lo, hi)):
+            lp = token_log_probs(model, packed, temperature)
         out.extend(lp[i, : len(r)].clone() for i, r in enumerate(responses[lo:hi]))
     model.train(was_training)
     return out

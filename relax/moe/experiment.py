@@ -1,0 +1,548 @@
+"""The R3 experiment (experiments/r3_moe/): overhead, log-prob mismatch, bytes, reward curves; R3 off and on.
+
+`python -m relax.moe.experiment [--config experiments/r3_moe/cpu.yaml] [--steps N] [--reps R] [--out results]`
+
+1. Overhead, side by side in one process (`overhead`): the work of one RL step (the rollout's generation
+   of the step's rows with the bus conversion of its fields, the Actor's forward+backward over its
+   micro-batches, the Reference's log-prob forward) is timed with R3 off and on, alternating
+   off/on/on/off over `reps` rounds on the same inputs, so both see the same machine load. Overhead of a
+   stage = median over rounds of (on / off) - 1. The async step's overhead is the bottleneck stage's
+   (stages run in parallel on their own cores); the serial sum (all stages one after the other, as a
+   colocated or synchronous schedule runs them) is reported beside it.
+2. Mismatch on the same weights (`mismatch`): the bf16 rollout engine generates a step's rows with routing
+   capture; the fp32 trainer recomputes their log-probs without replay, replaying the response tokens'
+   experts, and replaying prompt + response. Mean |delta log-prob|, the k3 estimate of KL(engine || trainer)
+   on the sampled tokens, and how often the trainer's own top-k set equals the engine's. For the warm-up
+   weights and each run's final weights; an fp32 engine gives the floor (KV-cache path alone).
+3. End-to-end runs (`runs`): `relax run` of the config with moe.r3 false / true, each pair started together
+   so both see the same load (and any emulated schedule that declares `SUPPORTS_R3`): reward curves, step
+   times, the Actor's in-run trainer-vs-engine gap.
+Beside 1: `components` times each piece R3 adds in tight loops, `bus_overhead` the field's put + fetch cost.
+
+Writes `<out>/r3_moe/r3_results.json` and, through `relax.moe.report.draw_r3`, the table and figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from relax.algorithms import LossScale
+from relax.bus.batch import from_tensordict, to_tensordict
+from relax.config import ExperimentConfig, load_config
+from relax.engines import TorchEngine
+from relax.models import build_model
+from relax.moe.capture import moe_routers
+from relax.moe.fields import ROUTED_FIELD, bytes_per_sample, routing_fields
+from relax.trainers import TorchTrainer, budget_slices, compute_log_probs, pack
+
+RESULTS_FILE = "r3_results.json"
+
+
+def _load() -> list[float]:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return []
+
+
+def _prompts(cfg: ExperimentConfig, tok, n_groups: int, offset: int = 0) -> list[list[int]]:
+    from relax.tasks import make_task
+
+    data = make_task(cfg.task, cfg.seed, "train")
+    G = cfg.rollout.group_size
+    return [tok.encode(data[(offset + g) % len(data)].prompt) for g in range(n_groups) for _ in range(G)]
+
+
+def _engine(cfg, state, record: bool, dtype: str | None = None, seed: int = 1) -> TorchEngine:
+    model, tok = build_model(cfg.model, cfg.seed)
+    model.load_state_dict(state)
+    r = cfg.rollout
+    return TorchEngine(model, tok, dtype=dtype or r.dtype, temperature=r.temperature, top_p=r.top_p, seed=seed,
+                       record_routing=record)
+
+
+def _rows(cfg, engine: TorchEngine, prompts: list[list[int]], r3_prompt: bool) -> dict:
+    """What the Rollout puts on the bus for `prompts` (relax/roles/rollout.py), R3 fields when recording."""
+    gens = engine.generate(prompts, cfg.rollout.max_new_tokens)
+    resp = [torch.tensor(g.token_ids, dtype=torch.long) for g in gens]
+    n = len(prompts)
+    rows = {"sample_id": torch.arange(n), "group_id": torch.arange(n) // cfg.rollout.group_size,
+            "prompt_ids": [torch.tensor(p, dtype=torch.long) for p in prompts], "response_ids": resp,
+            "rollout_log_probs": [torch.tensor(g.log_probs, dtype=torch.float32) for g in gens],
+            "weight_version": torch.zeros(n, dtype=torch.long), "truncated": torch.zeros(n, dtype=torch.long),
+            "total_len": torch.tensor([len(p) + len(x) for p, x in zip(prompts, resp)])}
+    if engine.capture is not None:
+        rows.update(routing_fields([g.extras["routed_experts"] for g in gens], [len(p) for p in prompts],
+                                   [len(x) for x in resp], engine.capture.num_experts, with_prompt=r3_prompt))
+    return rows
+
+
+def _payload_bytes(rows: dict, names) -> float:
+    total = 0
+    for k in names:
+        v = rows[k]
+        total += v.numel() * v.element_size() if isinstance(v, torch.Tensor) else sum(
+            t.numel() * t.element_size() for t in v)
+    return total / len(rows["response_ids"])
+
+
+# --- 1. overhead side by side ------------------------------------------------------------------------------
+def _unit(pairs: list[tuple[float, float]]) -> dict:
+    off = [a for a, _ in pairs]
+    on = [b for _, b in pairs]
+    return {"off_min": min(off), "on_min": min(on), "off_med": statistics.median(off), "on_med": statistics.median(on)}
+
+
+def overhead(cfg: ExperimentConfig, state: dict, reps: int = 8, threads: int = 1) -> dict:
+    """R3 off/on of each unit of a step's work, interleaved unit by unit (off, on, then on, off, ...) on the
+    same inputs and the same sampling seed, timed by this thread's CPU time (the work done, not the wait for
+    a core on a loaded machine) and by wall time. Units: a Rollout generate call of `chunk_groups` groups with
+    the bus conversion of its rows (TensorDict in and out, as a put and a fetch do); an Actor micro-batch
+    (forward + backward); a Reference micro-batch (log-prob forward). A stage's overhead = sum over its units
+    of the best (minimum) on-time / the same sum of best off-times - 1: the least disturbed of the rounds, as
+    timeit does; medians beside it."""
+    torch.set_num_threads(threads)
+    r = cfg.rollout
+    engines = {False: _engine(cfg, state, False), True: _engine(cfg, state, True)}
+    tok = engines[False].tokenizer
+    trainer = TorchTrainer(build_model(cfg.model, cfg.seed)[0], tok.pad_token_id, cfg)
+    trainer.model.load_state_dict(state)
+    ref_model = build_model(cfg.model, cfg.seed)[0]
+    ref_model.load_state_dict(state)
+    prompts = _prompts(cfg, tok, r.prompts_per_step)
+    chunk = r.chunk_groups * r.group_size
+    budget = cfg.training.micro_batch_tokens
+    clocks = {"cpu": time.thread_time, "wall": time.perf_counter}
+
+    def timed(fn):
+        t0 = {c: f() for c, f in clocks.items()}
+        out = fn()
+        return out, {c: f() - t0[c] for c, f in clocks.items()}
+
+    def rollout_unit(on: bool, lo: int, seed: int) -> dict:
+        engines[on].gen.manual_seed(seed)
+        rows = _rows(cfg, engines[on], prompts[lo:lo + chunk], cfg.moe.r3_prompt)
+        return from_tensordict(to_tensordict(rows))
+
+    def actor_unit(on: bool, mb: dict) -> None:
+        data = mb if on else {k: v for k, v in mb.items() if k != ROUTED_FIELD}
+        trainer.accumulate(data, LossScale(1, 1))
+        trainer.opt.zero_grad(set_to_none=True)
+
+    def reference_unit(on: bool, mb: dict) -> None:
+        compute_log_probs(ref_model, tok.pad_token_id, mb["prompt_ids"], mb["response_ids"], r.temperature, budget,
+                          {ROUTED_FIELD: mb[ROUTED_FIELD]} if on else None)
+
+    times = {c: {s: {} for s in ("rollout", "actor", "reference")} for c in clocks}
+
+    def record(stage, unit, k, fn):
+        order = (False, True) if k % 2 else (True, False)
+        got = {}
+        for on in order:
+            out, dt = timed(lambda: fn(on))
+            got[on] = (out, dt)
+        if k:  # round 0 warms caches and allocators
+            for c in clocks:
+                times[c][stage].setdefault(unit, []).append((got[False][1][c], got[True][1][c]))
+        return got[True][0]
+
+    load_before = _load()
+    rows_seen = None
+    for k in range(reps + 1):
+        parts = [record("rollout", lo, k, lambda on, lo=lo: rollout_unit(on, lo, 1000 * k + lo))
+                 for lo in range(0, len(prompts), chunk)]
+        rows = {key: (torch.cat([p[key] for p in parts]) if isinstance(parts[0][key], torch.Tensor)
+                      else [x for p in parts for x in p[key]]) for key in parts[0]}
+        rows["old_log_probs"] = rows["rollout_log_probs"]
+        rows["advantages"] = [torch.ones(len(x)) for x in rows["response_ids"]]
+        rows_seen = rows
+        for j, (lo, hi) in enumerate(budget_slices(rows["total_len"].tolist(), budget)):
+            mb = {key: v[lo:hi] for key, v in rows.items()}
+            record("actor", j, k, lambda on, mb=mb: actor_unit(on, mb))
+            record("reference", j, k, lambda on, mb=mb: reference_unit(on, mb))
+
+    def summarise(t: dict) -> dict:
+        stages = {}
+        for name, units in t.items():
+            u = [_unit(p) for p in units.values()]
+            off, on = sum(x["off_min"] for x in u), sum(x["on_min"] for x in u)
+            off_med, on_med = sum(x["off_med"] for x in u), sum(x["on_med"] for x in u)
+            all_pairs = [x for p in units.values() for x in p]
+            stages[name] = {"off_s": off, "on_s": on, "overhead_pct": 100 * (on / off - 1),
+                            "median_overhead_pct": 100 * (on_med / off_med - 1),
+                            "pair_ratio_median_pct": 100 * (statistics.median([b / a for a, b in all_pairs]) - 1),
+                            "units": len(units), "pairs": len(all_pairs),
+                            "pairs_s": {str(k): p for k, p in units.items()}}
+        serial_off = sum(s["off_s"] for s in stages.values())
+        serial_on = sum(s["on_s"] for s in stages.values())
+        bottleneck = max(stages, key=lambda s: stages[s]["off_s"])
+        return {"stages": stages, "bottleneck_stage": bottleneck,
+                "async_step_overhead_pct": stages[bottleneck]["overhead_pct"],
+                "serial_step_overhead_pct": 100 * (serial_on / serial_off - 1)}
+
+    comp = components(cfg, engines[True], trainer.model, rows_seen, chunk, budget)
+    cpu = summarise(times["cpu"])
+    for name, st in cpu["stages"].items():
+        st["component_extra_s"] = comp[name]["extra_s"]
+        st["component_overhead_pct"] = 100 * comp[name]["extra_s"] / st["off_s"]
+    bus = bus_overhead(cfg, rows_seen)
+    other = [n for n in rows_seen if n not in (ROUTED_FIELD, "old_log_probs", "advantages")]
+    # The headline uses CPU time; wall time beside it.
+    return {
+        "reps": reps, "threads": threads, "load_before": load_before, "load_after": _load(), "clock": "cpu",
+        **cpu, "wall": summarise(times["wall"]), "components": comp, "bus": bus,
+        "component_async_step_overhead_pct": cpu["stages"][cpu["bottleneck_stage"]]["component_overhead_pct"],
+        "component_serial_step_overhead_pct": 100 * sum(c["extra_s"] for c in comp.values())
+        / sum(st["off_s"] for st in cpu["stages"].values()),
+        "bytes_per_sample": bytes_per_sample({ROUTED_FIELD: rows_seen[ROUTED_FIELD]}),
+        "other_fields_bytes_per_sample": _payload_bytes(rows_seen, other),
+        "tokens_per_sample": float(rows_seen["total_len"].float().mean()),
+    }
+
+
+def _per_call(fn, n: int, batches: int = 7) -> float:
+    """CPU seconds of one call of `fn`: the best of `batches` batches of `n` calls (as timeit)."""
+    out = []
+    for _ in range(batches):
+        t0 = time.thread_time()
+        for _ in range(n):
+            fn()
+        out.append((time.thread_time() - t0) / n)
+    return min(out)
+
+
+def components(cfg: ExperimentConfig, engine: TorchEngine, model, rows: dict, chunk: int, budget: int) -> dict:
+    """The work R3 adds to a step, timed piece by piece in tight loops (precise where the side-by-side
+    difference of two large, noisy times is not): per stage, extra CPU seconds per step.
+
+    rollout: the router hooks' copies (one per MoE layer per forward), cutting each row's record out of the
+    buffers, building the bus field, and its TensorDict conversion both ways (put + fetch); actor: laying the
+    records over the micro-batch (build_replay) and the replayed routers' extra forward + backward work;
+    reference: build_replay and the extra forward work."""
+    from relax.moe.capture import RoutingCapture
+    from relax.moe.replay import _replay_forward, build_replay
+
+    cap: RoutingCapture = engine.capture
+    B = chunk
+    n_rows = len(rows["response_ids"])
+    plens = [len(p) for p in rows["prompt_ids"]]
+    rlens = [len(r) for r in rows["response_ids"]]
+    W = max(plens)
+    # forwards per generate call: a prefill and one per decode step until the longest row ends
+    forwards_per_call = 1 + max(rlens) - 1
+    calls = -(-n_rows // chunk)
+    cap.begin(B, W, cfg.rollout.max_new_tokens)
+    cap.prefill()
+    hook = cap._hook(0)
+    idx_prefill = torch.randint(0, cap.num_experts, (B * W, cap.top_k))
+    idx_decode = torch.randint(0, cap.num_experts, (B, cap.top_k))
+    t_hook_prefill = _per_call(lambda: hook(None, None, (None, None, idx_prefill)), 200)
+    cap.decode(1)
+    t_hook_decode = _per_call(lambda: hook(None, None, (None, None, idx_decode)), 200)
+    cap.stop()
+    hooks = calls * cap.layers * (t_hook_prefill + (forwards_per_call - 1) * t_hook_decode)
+    bufs = (cap.prompt, cap.resp)
+    t_cut = _per_call(lambda: [cap.routes(*bufs, i, W - 1, 4) for i in range(B)], 20) * calls
+    records = [r[:-1] for r in rows[ROUTED_FIELD]]
+    t_field = _per_call(lambda: routing_fields(records, plens, rlens, cap.num_experts, cfg.moe.r3_prompt), 5)
+    field = {ROUTED_FIELD: rows[ROUTED_FIELD]}
+    t_bus = _per_call(lambda: from_tensordict(to_tensordict(field)), 5)
+
+    routers = moe_routers(model)
+    t_build = t_router = t_router_fwd = 0.0
+    for lo, hi in budget_slices(rows["total_len"].tolist(), budget):
+        width = max(p + r for p, r in zip(plens[lo:hi], rlens[lo:hi]))
+        t_build += _per_call(lambda: build_replay(plens[lo:hi], rlens[lo:hi], width, rows[ROUTED_FIELD][lo:hi],
+                                                  cap.num_experts), 5)
+        experts, mask = build_replay(plens[lo:hi], rlens[lo:hi], width, rows[ROUTED_FIELD][lo:hi], cap.num_experts)
+        n = experts.shape[0] * width
+        hs = torch.randn(n, routers[0].hidden_dim, requires_grad=True)
+        for li, r in enumerate(routers):
+            e, m = experts.reshape(n, *experts.shape[2:])[:, li], mask.reshape(n)
+
+            def own_fb(r=r):
+                _, g, _ = r.__class__.forward(r, hs)
+                g.sum().backward()
+
+            def replay_fb(r=r, e=e, m=m):
+                _, g, _ = _replay_forward(r, e, m, hs)
+                g.sum().backward()
+
+            with torch.no_grad():
+                t_router_fwd += max(0.0, _per_call(lambda: _replay_forward(r, e, m, hs), 20)
+                                    - _per_call(lambda: r.__class__.forward(r, hs), 20))
+            t_router += max(0.0, _per_call(replay_fb, 20) - _per_call(own_fb, 20))
+        for r in routers:
+            r.weight.grad = None
+    return {
+        "rollout": {"extra_s": hooks + t_cut + t_field + t_bus, "hooks_s": hooks, "cut_rows_s": t_cut,
+                    "build_field_s": t_field, "tensordict_s": t_bus},
+        "actor": {"extra_s": t_build + t_router, "build_replay_s": t_build, "router_fwd_bwd_s": t_router},
+        "reference": {"extra_s": t_build + t_router_fwd, "build_replay_s": t_build, "router_fwd_s": t_router_fwd},
+    }
+
+
+def bus_overhead(cfg: ExperimentConfig, rows: dict, reps: int = 20) -> dict:
+    """The bus cost of the field: a step's rows put chunk by chunk (as the Rollout does) and fetched whole by
+    the Actor's task and the Reference's task, with and without `rollout_routed_experts`, alternating on one
+    real bus (Ray + TransferQueue, its own temp dir, shut down after). Wall time (the bus spans processes)."""
+    import shutil
+    import tempfile
+
+    import ray
+
+    from relax.bus import Bus
+    from relax.roles.actor import TRAIN_FIELDS
+
+    G = cfg.rollout.group_size
+    n = len(rows["response_ids"])
+    chunk = cfg.rollout.chunk_groups * G
+    put_fields = ["sample_id", "group_id", "prompt_ids", "response_ids", "rollout_log_probs", "weight_version",
+                  "truncated", "total_len"]
+    actor_fields = [f for f in TRAIN_FIELDS if f in put_fields]
+    tmp = tempfile.mkdtemp(prefix="rr3b", dir="/tmp")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a local session: no token written under ~/.ray
+    ray.init(num_cpus=4, include_dashboard=False, _temp_dir=tmp, logging_level="WARNING")
+    times = {False: [], True: []}
+    try:
+        bus = Bus.start(cfg.bus, G, max_staleness=10**6)
+        step = 0
+        for k in range(reps + 1):
+            for on in ((False, True) if k % 2 else (True, False)):
+                names = put_fields + ([ROUTED_FIELD] if on else [])
+                t0 = time.perf_counter()
+                for lo in range(0, n, chunk):
+                    bus.put_rows(step, {f: rows[f][lo:lo + chunk] for f in names})
+                for task, fields in (("actor_train", actor_fields), ("ref_log_probs", ["prompt_ids", "response_ids"])):
+                    got = 0
+                    while got < n:
+                        b = bus.fetch(step, task, fields + ([ROUTED_FIELD] if on else []), max_rows=n)
+                        got += b.size if b is not None else 0
+                dt = time.perf_counter() - t0
+                bus.clear(step)
+                step += 1
+                if k:
+                    times[on].append(dt)
+        bus.close()
+    finally:
+        ray.shutdown()
+        shutil.rmtree(tmp, ignore_errors=True)
+    off, on = min(times[False]), min(times[True])
+    return {"reps": reps, "off_s": off, "on_s": on, "extra_s": on - off, "overhead_pct": 100 * (on / off - 1),
+            "median_off_s": statistics.median(times[False]), "median_on_s": statistics.median(times[True]),
+            "ratio_median_pct": 100 * (statistics.median([b / a for a, b in zip(times[False], times[True])]) - 1),
+            "off_all_s": times[False], "on_all_s": times[True]}
+
+
+# --- 2. mismatch on the same weights ------------------------------------------------------------------------
+def _own_sets(model, rows) -> torch.Tensor:
+    """The trainer's own top-k expert sets (sorted) for every token of the packed rows: [B, W, layers, k]."""
+    packed = pack(rows["prompt_ids"], rows["response_ids"], 0)
+    B, W = packed.input_ids.shape
+    seen = []
+    hooks = [r.register_forward_hook(lambda m, a, out: seen.append(out[2].detach())) for r in moe_routers(model)]
+    try:
+        with torch.no_grad():
+            model(input_ids=packed.input_ids, attention_mask=packed.attention_mask)
+    finally:
+        for h in hooks:
+            h.remove()
+    return torch.stack(seen, 1).view(B, W, len(seen), -1).sort(-1).values
+
+
+def _agreement(model, rows) -> dict:
+    """How often the trainer's own top-k set equals the engine's, over (token, layer) pairs it recorded."""
+    own = _own_sets(model, rows)
+    same_p = same_r = n_p = n_r = 0
+    for i, (p, rec) in enumerate(zip(rows["prompt_ids"], rows[ROUTED_FIELD])):
+        P, T = len(p), rec.shape[0] - 1  # the last entry is NOT_ROUTED
+        eq = (own[i, :T] == rec[:T].to(torch.long).sort(-1).values).all(-1)
+        same_p, n_p = same_p + int(eq[:P].sum()), n_p + eq[:P].numel()
+        same_r, n_r = same_r + int(eq[P:].sum()), n_r + eq[P:].numel()
+    return {"prompt": same_p / max(n_p, 1), "response": same_r / max(n_r, 1)}
+
+
+def _gap(trainer_lp: list[torch.Tensor], engine_lp: list[torch.Tensor]) -> dict:
+    d = torch.cat([a - b for a, b in zip(trainer_lp, engine_lp)])
+    kl = d.clamp(max=30).exp() - 1 - d
+    return {"mean_abs": float(d.abs().mean()), "kl_k3": float(kl.mean()), "max_abs": float(d.abs().max()),
+            "tokens": int(d.numel())}
+
+
+def mismatch(cfg: ExperimentConfig, state: dict, n_groups: int | None = None, threads: int = 1) -> dict:
+    """bf16 engine vs fp32 trainer on the same weights: R3 off, response replay, prompt+response replay."""
+    torch.set_num_threads(threads)
+    n_groups = n_groups or 16 * cfg.rollout.prompts_per_step
+    engine = _engine(cfg, state, True)
+    tok = engine.tokenizer
+    model = build_model(cfg.model, cfg.seed)[0]
+    model.load_state_dict(state)
+    prompts = _prompts(cfg, tok, n_groups, offset=10_000)
+    rows = _rows(cfg, engine, prompts, True)
+    T, budget = cfg.rollout.temperature, cfg.training.micro_batch_tokens
+    args = (model, tok.pad_token_id, rows["prompt_ids"], rows["response_ids"], T, budget)
+    out = {
+        "engine_dtype": cfg.rollout.dtype, "rows": len(prompts),
+        "r3_off": _gap(compute_log_probs(*args), rows["rollout_log_probs"]),
+        "r3_response": _gap(compute_log_probs(*args, {ROUTED_FIELD: [rec[len(p):] for p, rec in zip(
+            rows["prompt_ids"], rows[ROUTED_FIELD])]}), rows["rollout_log_probs"]),
+        "r3_on": _gap(compute_log_probs(*args, {ROUTED_FIELD: rows[ROUTED_FIELD]}), rows["rollout_log_probs"]),
+        "routing_agreement": _agreement(model, rows),
+    }
+    if cfg.rollout.dtype != "float32":  # the floor: an fp32 engine (KV-cache incremental path vs one pass)
+        fp32 = _rows(cfg, _engine(cfg, state, False, dtype="float32"), prompts, True)
+        out["fp32_engine_r3_off"] = _gap(compute_log_probs(model, tok.pad_token_id, fp32["prompt_ids"],
+                                                           fp32["response_ids"], T, budget), fp32["rollout_log_probs"])
+    for key in ("r3_response", "r3_on"):
+        out[f"{key}_reduction_pct"] = {m: 100 * (1 - out[key][m] / out["r3_off"][m]) if out["r3_off"][m] else 0.0
+                                       for m in ("mean_abs", "kl_k3")}
+    return out
+
+
+# --- 3. end-to-end runs -----------------------------------------------------------------------------------
+def _schedules() -> list[str]:
+    """relax, plus each emulated schedule that declares it reads and replays the R3 fields."""
+    out = ["relax"]
+    for name in ("verl", "openrlhf"):
+        try:
+            mod = importlib.import_module(f"relax.schedules.{name}")
+        except ImportError:
+            continue
+        if getattr(mod, "SUPPORTS_R3", False):
+            out.append(name)
+    return out
+
+
+def _in_run(run_dir: Path) -> dict:
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    steady = rows[1:] or rows
+    fresh = [r for r in rows if r.get("staleness_max", 1) == 0 and "logp_gap_abs" in r]
+    mean = lambda xs: sum(xs) / len(xs) if xs else None  # noqa: E731
+    return {"run": str(run_dir), "steps": len(rows),
+            "mean_step_time_s": mean([r["step_time_s"] for r in steady]),
+            "reward": [r["reward_mean"] for r in rows], "wall_time_s": [r["wall_time_s"] for r in rows],
+            "logp_gap_abs": mean([r["logp_gap_abs"] for r in steady if "logp_gap_abs" in r]),
+            "logp_gap_kl": mean([r["logp_gap_kl"] for r in steady if "logp_gap_kl" in r]),
+            # Steps whose every sample came from the weights being trained: the gap is the mismatch alone.
+            "onpolicy_steps": len(fresh), "onpolicy_logp_gap_abs": mean([r["logp_gap_abs"] for r in fresh]),
+            "onpolicy_logp_gap_kl": mean([r["logp_gap_kl"] for r in fresh]),
+            "summary": json.loads((run_dir / "summary.json").read_text())}
+
+
+def runs(config: str, steps: int | None, out: Path, pairs: int = 1, overrides: list[str] | None = None,
+         concurrent: bool = True) -> dict:
+    """End-to-end runs, R3 off and on. `concurrent` (default): each pair runs side by side, as two `relax run`
+    processes started together, so both see the same machine load (each gets about half of it); otherwise
+    one after the other in the order off, on, on, off, ..."""
+    import subprocess
+    import sys
+
+    result: dict = {}
+    for schedule in _schedules():
+        extra = [f"schedule={schedule}"] if schedule != "relax" else []
+        for p in range(pairs):
+            order = [False, True] if p % 2 == 0 else [True, False]
+            procs = []
+            for on in order:
+                name = f"{schedule}-r3{'on' if on else 'off'}-{time.strftime('%H%M%S')}-{p}"
+                cmd = [sys.executable, "-m", "relax.cli", "run", config, *(overrides or []), *extra,
+                       f"moe.r3={str(on).lower()}", "--out", str(out), "--run", name, "--no-progress"]
+                if steps:
+                    cmd += ["--steps", str(steps)]
+                log = open(Path(out) / f".{name}.log", "w")
+                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+                procs.append((on, name, proc, log))
+                if not concurrent:
+                    proc.wait()
+            for on, name, proc, log in procs:
+                if proc.wait() != 0:
+                    raise RuntimeError(f"run {name} failed (exit {proc.returncode}); see {log.name}")
+                log.close()
+                cfg = load_config(config, [*(overrides or []), *extra])
+                run_dir = Path(out) / cfg.name / cfg.profile / name
+                result.setdefault(schedule, {"off": [], "on": [], "concurrent": concurrent})[
+                    "on" if on else "off"].append(_in_run(run_dir))
+        s = result[schedule]
+        ratios = [b["mean_step_time_s"] / a["mean_step_time_s"] for a, b in zip(s["off"], s["on"])]
+        s["step_time_overhead_pct"] = 100 * (statistics.mean(ratios) - 1)
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default="experiments/r3_moe/cpu.yaml")
+    p.add_argument("--steps", type=int, default=None, help="steps of each end-to-end run (default: the config's)")
+    p.add_argument("--reps", type=int, default=8, help="off/on rounds of the side-by-side overhead measurement")
+    p.add_argument("--pairs", type=int, default=1, help="off/on pairs of end-to-end runs (0: none)")
+    p.add_argument("--sequential", action="store_true",
+                   help="end-to-end runs one after the other (default: each off/on pair side by side)")
+    p.add_argument("--out", type=Path, default=Path("results"))
+    p.add_argument("--skip", nargs="*", default=[], choices=["overhead", "mismatch", "runs"])
+    p.add_argument("--variants", nargs="*", default=[],
+                   help='other model shapes for the mismatch measurement (warm-up weights), each a quoted list of '
+                        'overrides, e.g. "model.num_layers=2 model.num_experts=8 model.experts_per_token=2"')
+    p.add_argument("overrides", nargs="*", help="dotted key=value config overrides")
+    args = p.parse_args(argv)
+    from relax.models.warmup import warmup_state
+
+    cfg = load_config(args.config, args.overrides)
+    path = args.out / cfg.name / RESULTS_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    res = json.loads(path.read_text()) if path.exists() else {}
+    res.update(config=args.config, overrides=args.overrides, model=cfg.model.model_dump(),
+               environment={"cpus": os.cpu_count(), "torch": torch.__version__, "machine": platform.machine(),
+                            "note": "2-core CPU shared with other jobs: absolute times are under load; "
+                                    "overheads are off/on ratios measured side by side"})
+    state = warmup_state(cfg)
+
+    def save():
+        path.write_text(json.dumps(res, indent=1))
+
+    if "overhead" not in args.skip:
+        print("overhead: R3 off/on side by side ...", flush=True)
+        res["overhead"] = overhead(cfg, state, args.reps)
+        save()
+    if "runs" not in args.skip and args.pairs:
+        print("end-to-end runs: R3 off/on ...", flush=True)
+        res["runs"] = runs(args.config, args.steps, args.out, args.pairs, args.overrides, not args.sequential)
+        save()
+    if "mismatch" not in args.skip:
+        print("mismatch: bf16 engine vs fp32 trainer on the same weights ...", flush=True)
+        mm = {"warmup": mismatch(cfg, state)}
+        from safetensors.torch import load_file
+
+        for schedule, s in res.get("runs", {}).items():
+            for mode in ("off", "on"):
+                if s.get(mode):
+                    weights = Path(s[mode][-1]["run"]) / "final_weights.safetensors"
+                    if weights.exists():
+                        mm[f"{schedule}_r3{mode}_final"] = mismatch(cfg, load_file(str(weights)))
+        res["mismatch"] = mm
+        save()
+    if args.variants:
+        print("mismatch of other model shapes (warm-up weights) ...", flush=True)
+        res["mismatch_variants"] = {}
+        for v in args.variants:
+            vcfg = load_config(args.config, [*args.overrides, *v.split()])
+            m = vcfg.model
+            key = f"{m.num_layers} layers, {m.num_experts} experts, top-{m.experts_per_token}"
+            res["mismatch_variants"][key] = {"overrides": v.split(), **mismatch(vcfg, warmup_state(vcfg))}
+            save()
+    from relax.moe.report import draw_r3
+
+    for f in draw_r3(args.out, args.out / "figures", args.out / "tables"):
+        print(f)
+    print(path)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,243 @@
+"""The R3 table and figure, beside the paper's published 1.9% (Relax) / 32% (veRL) overhead and 38% mismatch cut.
+
+`draw_r3(results_root, figures_dir, tables_dir)` reads `<results_root>/r3_moe/r3_results.json` (written by
+`python -m relax.moe.experiment`) and writes `tables_dir/r3_moe.{csv,md}` and `figures_dir/r3_moe.png`;
+it returns the paths written ([] when there are no R3 results). Published numbers come from
+`<results_root>/published/relax_paper.csv` (else the repository's copy).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+RESULTS_FILE = "r3_results.json"
+REPO_PUBLISHED = Path(__file__).resolve().parents[2] / "results" / "published" / "relax_paper.csv"
+NOTE = ("Measured: tiny Qwen3-MoE ({model}) on a 2-core CPU shared with other jobs (load average {load}), rollout "
+        "engine bf16, trainer fp32. Side-by-side overheads: R3 off and on alternate unit by unit on the same inputs "
+        "and seeds, timed in thread CPU time (wall time beside it); they carry a few % of noise from the load. "
+        "\"R3's own work, timed\": the pieces R3 adds, each timed in a tight loop, over the step's time: precise, "
+        "but it leaves out cache effects. End-to-end runs are separate runs and noisier still. Published: Relax "
+        "paper (arXiv 2604.11554), Qwen3-30B-A3B on 16xH800. Compare ratios, not absolute times.")
+
+
+def _note(res: dict) -> str:
+    m = res.get("model") or {}
+    model = (f"{m.get('num_layers')} MoE layers, {m.get('num_experts')} experts, top-{m.get('experts_per_token')}, "
+             f"hidden {m.get('hidden_size')}") if m else "see the config"
+    load = (res.get("overhead") or {}).get("load_before") or ["?"]
+    return NOTE.format(model=model, load=load[0])
+
+
+def published(results_root: Path) -> dict[tuple[str, str], float]:
+    path = Path(results_root) / "published" / "relax_paper.csv"
+    path = path if path.exists() else REPO_PUBLISHED
+    out = {}
+    if path.exists():
+        with open(path) as f:
+            for row in csv.DictReader(f):
+                if row["experiment"] == "r3_moe":
+                    out[(row["system"], row["metric"])] = float(row["value"])
+    return out
+
+
+def _mismatches(res: dict) -> dict:
+    """Mismatch measurements by weights: the config's model (warm-up, each run's final weights), then the
+    other model shapes (warm-up weights)."""
+    out = dict(res.get("mismatch") or {})
+    out.update({f"warmup, {k}": v for k, v in (res.get("mismatch_variants") or {}).items()})
+    return out
+
+
+def _r(x, nd=3):
+    return None if x is None else round(float(x), nd)
+
+
+def r3_rows(res: dict, pub: dict) -> list[dict]:
+    rows = []
+
+    def add(metric, measured, published_value=None, unit="", how=""):
+        rows.append({"metric": metric, "measured": measured, "published": published_value, "unit": unit, "how": how})
+
+    oh = res.get("overhead")
+    if oh:
+        st = oh["stages"]
+        pub_relax = pub.get(("relax", "r3_step_time_overhead"))
+        how = (f"{oh.get('clock', 'cpu')} time, off/on interleaved unit by unit over {oh['reps']} rounds, best of "
+               "the rounds")
+        add("R3 step-time overhead, relax async (side by side)", _r(oh["async_step_overhead_pct"], 2), pub_relax, "%",
+            f"bottleneck stage ({oh['bottleneck_stage']}); {how}")
+        if "component_async_step_overhead_pct" in oh:
+            add("R3 step-time overhead, relax async (R3's own work, timed)", _r(oh["component_async_step_overhead_pct"], 2),
+                pub_relax, "%", "the extra pieces timed in tight loops / the bottleneck stage's step time")
+        add("R3 overhead if the stages ran serially (side by side)", _r(oh["serial_step_overhead_pct"], 2), None, "%",
+            "rollout + actor + reference one after the other (a colocated or synchronous schedule)")
+        if "component_serial_step_overhead_pct" in oh:
+            add("R3 overhead if the stages ran serially (R3's own work, timed)",
+                _r(oh["component_serial_step_overhead_pct"], 2), None, "%", "all extra pieces / all stages' step time")
+        for name, s in st.items():
+            wall = (oh.get("wall") or {}).get("stages", {}).get(name, {}).get("overhead_pct")
+            comp = (oh.get("components") or {}).get(name, {})
+            pieces = ", ".join(f"{k[:-2]} {1000 * v:.2f} ms" for k, v in comp.items() if k != "extra_s")
+            med = s.get("median_overhead_pct")
+            add(f"  {name} stage overhead (side by side)", _r(s["overhead_pct"], 2), None, "%",
+                f"{s['off_s']:.3f} s off -> {s['on_s']:.3f} s on per step ({s['pairs']} pairs)"
+                + (f"; medians: {med:+.1f}%" if med is not None else "")
+                + (f"; wall time: {wall:+.1f}%" if wall is not None else ""))
+            if comp:
+                add(f"  {name} stage overhead (R3's own work, timed)", _r(s.get("component_overhead_pct"), 2), None,
+                    "%", f"{1000 * comp['extra_s']:.2f} ms per step: {pieces}")
+        bus = oh.get("bus")
+        if bus:
+            add("  bus put + fetch of the field", _r(1000 * bus["extra_s"], 1), None, "ms",
+                f"a step's rows put (chunks) and fetched by Actor + Reference, best of {bus['reps']} off/on rounds "
+                f"(wall, Ray + TransferQueue): {1000 * bus['off_s']:.0f} ms off, {1000 * bus['on_s']:.0f} ms on "
+                f"({bus['overhead_pct']:+.0f}% of the bus time; median ratio {bus['ratio_median_pct']:+.0f}%)")
+        add("routing bytes per sample", _r(oh["bytes_per_sample"], 1), None, "B",
+            f"{oh['tokens_per_sample']:.1f} tokens x layers x k, uint8; the sample's other fields: "
+            f"{oh['other_fields_bytes_per_sample']:.0f} B")
+    for schedule, s in (res.get("runs") or {}).items():
+        label = "relax async" if schedule == "relax" else f"{schedule} (emulated)"
+        add(f"R3 step-time overhead, {label}, end-to-end runs", _r(s["step_time_overhead_pct"], 2),
+            pub.get((schedule, "r3_step_time_overhead")), "%",
+            f"mean steady step time, {len(s['off'])} off/on pair(s) of runs "
+            + ("run side by side (same load)" if s.get("concurrent") else "run one after the other"))
+    if "verl" not in (res.get("runs") or {}):
+        add("R3 step-time overhead, veRL", None, pub.get(("verl", "r3_step_time_overhead")), "%",
+            "not measured: the emulated veRL schedule does not read the R3 fields (no SUPPORTS_R3)")
+    for state, mm in _mismatches(res).items():
+        red = mm["r3_on_reduction_pct"]
+        add(f"mismatch reduction, mean |dlogp| ({state} weights)", _r(red["mean_abs"], 1),
+            pub.get(("relax", "r3_logprob_mismatch_reduction")), "%",
+            f"{mm['r3_off']['mean_abs']:.5f} -> {mm['r3_on']['mean_abs']:.5f} over {mm['r3_off']['tokens']} tokens; "
+            f"response-only replay: {mm['r3_response_reduction_pct']['mean_abs']:.1f}%")
+        add(f"mismatch reduction, KL engine||trainer ({state} weights)", _r(red["kl_k3"], 1), None, "%",
+            f"{mm['r3_off']['kl_k3']:.2e} -> {mm['r3_on']['kl_k3']:.2e} (k3 on sampled tokens)")
+        ag = mm["routing_agreement"]
+        add(f"trainer routes as the engine, R3 off ({state} weights)", _r(100 * ag["response"], 1), None, "%",
+            f"response tokens x layers with the same top-k set (prompt: {100 * ag['prompt']:.1f}%)")
+    for schedule, s in (res.get("runs") or {}).items():
+        for mode in ("off", "on"):
+            gaps = [r["onpolicy_logp_gap_abs"] for r in s[mode] if r.get("onpolicy_logp_gap_abs") is not None]
+            steps = sum(r["onpolicy_steps"] for r in s[mode])
+            if gaps:
+                add(f"in-run mean |dlogp| trainer vs engine, {schedule} R3 {mode}", _r(sum(gaps) / len(gaps), 5), None,
+                    "", f"Actor's own measure on the {steps} step(s) of {len(gaps)} run(s) whose samples all came "
+                        "from the weights it trains (the others are one version stale)")
+            gaps = [r["logp_gap_abs"] for r in s[mode] if r.get("logp_gap_abs") is not None]
+            if gaps:
+                add(f"in-run mean |dlogp| incl. staleness, {schedule} R3 {mode}", _r(sum(gaps) / len(gaps), 5), None, "",
+                    "Actor, every steady step (mostly samples one weight version behind: policy lag dominates)")
+    return rows
+
+
+def _bar_label(ax, bars, fmt="{:.1f}"):
+    for b in bars:
+        h = b.get_height()
+        if h == h:  # not NaN
+            ax.annotate(fmt.format(h), (b.get_x() + b.get_width() / 2, h), ha="center", va="bottom", fontsize=7)
+
+
+def plot_r3(res: dict, pub: dict, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.6))
+    ax = axes[0]
+    labels, vals, colors = [], [], []
+    oh = res.get("overhead")
+    if oh:
+        labels += ["relax async\nside by side", "relax async\nR3 work timed"]
+        vals += [oh["async_step_overhead_pct"], oh.get("component_async_step_overhead_pct", float("nan"))]
+        colors += ["#d62728", "#d62728"]
+        labels += ["serial stages\nside by side", "serial stages\nR3 work timed"]
+        vals += [oh["serial_step_overhead_pct"], oh.get("component_serial_step_overhead_pct", float("nan"))]
+        colors += ["#ff9896", "#ff9896"]
+    for schedule, s in (res.get("runs") or {}).items():
+        labels.append(f"{schedule} async\ne2e runs")
+        vals.append(s["step_time_overhead_pct"])
+        colors.append("#d62728" if schedule == "relax" else "#2ca02c")
+    for system, color in (("relax", "#7f7f7f"), ("verl", "#2ca02c")):
+        if (system, "r3_step_time_overhead") in pub:
+            labels.append(f"{'Relax' if system == 'relax' else 'veRL'}\n(published)")
+            vals.append(pub[(system, "r3_step_time_overhead")])
+            colors.append(color)
+    bars = ax.bar(range(len(vals)), vals, color=colors)
+    for b, lab in zip(bars, labels):
+        if "published" in lab:
+            b.set_hatch("//")
+            b.set_alpha(0.6)
+    _bar_label(ax, bars)
+    ax.axhline(0, color="black", lw=0.6)
+    ax.set_xticks(range(len(vals)), labels, fontsize=6)
+    ax.set(title="R3 step-time overhead (measured: solid; published: hatched)", ylabel="% of step time")
+
+    ax = axes[1]
+    mm = _mismatches(res)
+    states = list(mm)
+    x = range(len(states))
+    w = 0.27
+    for j, (key, label, color) in enumerate((("r3_off", "R3 off", "#7f7f7f"), ("r3_response", "replay response", "#ff9896"),
+                                             ("r3_on", "R3 on (prompt + response)", "#d62728"))):
+        bars = ax.bar([i + (j - 1) * w for i in x], [mm[s][key]["mean_abs"] for s in states], w, label=label, color=color)
+        if key == "r3_on":
+            for b, s in zip(bars, states):
+                red_s = mm[s]["r3_on_reduction_pct"]
+                ax.annotate(f"|d| -{red_s['mean_abs']:.0f}%\nKL -{red_s['kl_k3']:.0f}%", (b.get_x() + w / 2, b.get_height()),
+                            ha="center", va="bottom", fontsize=6)
+    floor = [mm[s].get("fp32_engine_r3_off", {}).get("mean_abs") for s in states]
+    if any(f is not None for f in floor):
+        ax.scatter(list(x), floor, marker="_", s=400, color="black", label="fp32 engine (floor)", zorder=3)
+    red = pub.get(("relax", "r3_logprob_mismatch_reduction"))
+    ax.set_xticks(list(x), [s.replace("_", " ").replace(", ", "\n") for s in states], fontsize=6)
+    ax.set(title="bf16 engine vs fp32 trainer, same weights" + (f"\n(published reduction: {red:.0f}%)" if red else ""),
+           ylabel="mean |delta log-prob| on rollout tokens")
+    ax.legend(fontsize=7)
+
+    ax = axes[2]
+    for schedule, s in (res.get("runs") or {}).items():
+        for mode, color in (("off", "#7f7f7f"), ("on", "#d62728")):
+            for i, run in enumerate(s[mode]):
+                rew = run["reward"]
+                smooth = [sum(rew[max(0, t - 4):t + 1]) / len(rew[max(0, t - 4):t + 1]) for t in range(len(rew))]
+                ax.plot(range(len(rew)), rew, color=color, alpha=0.2, lw=0.8)
+                ax.plot(range(len(rew)), smooth, color=color, ls="-" if schedule == "relax" else "--",
+                        label=f"{schedule} R3 {mode}" if i == 0 else None)
+    ax.set(title="Reward (5-step mean, raw faint)", xlabel="training step", ylabel="mean reward of the step's samples")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
+    for a in axes:
+        a.grid(alpha=0.3)
+    fig.suptitle("Rollout Routing Replay (R3): tiny Qwen3-MoE, 2-core CPU (measured) beside 16xH800 (published)",
+                 fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def draw_r3(results_root, figures_dir, tables_dir) -> list[Path]:
+    """The R3 table (CSV + Markdown) and figure from `<results_root>/r3_moe/r3_results.json`."""
+    src = Path(results_root) / "r3_moe" / RESULTS_FILE
+    if not src.exists():
+        return []
+    res = json.loads(src.read_text())
+    pub = published(Path(results_root))
+    rows = r3_rows(res, pub)
+    tables_dir, figures_dir = Path(tables_dir), Path(figures_dir)
+    tables_dir.mkdir(parents=True, exist_ok=True)
+    cols = ["metric", "measured", "published", "unit", "how"]
+    with open(tables_dir / "r3_moe.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=cols)
+        w.writeheader()
+        w.writerows(rows)
+    fmt = lambda v: "" if v is None else str(v)  # noqa: E731
+    lines = ["# Rollout Routing Replay (R3): overhead and log-prob mismatch", "",
+             "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(fmt(r[c]) for c in cols) + " |" for r in rows]
+    (tables_dir / "r3_moe.md").write_text("\n".join(lines) + f"\n\n{_note(res)}\n")
+    return [tables_dir / "r3_moe.csv", tables_dir / "r3_moe.md", plot_r3(res, pub, figures_dir / "r3_moe.png")]

@@ -1,0 +1,250 @@
+"""Rollout Routing Replay (R3, relax/moe/): capture in the rollout engine, the bus fields, replay in the trainer.
+
+A tiny Qwen3-MoE (8 experts, top-2, 2 layers, hidden 64) with weights drawn at std 1/sqrt(fan_in), so the
+router's choices matter and a bf16 engine routes some tokens differently from the fp32 trainer.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+
+import pytest
+import torch
+
+from relax.config import ConfigError, ExperimentConfig, ModelConfig, TrainingConfig, validate
+from relax.engines import TorchEngine
+from relax.models import build_model, state_dict_cpu
+from relax.moe import (NOT_ROUTED, ROUTED_FIELD, RoutingCapture, build_replay, moe_routers, r3_fields,
+                       replay_from_batch, replay_routing, routing_fields)
+from relax.moe.fields import bytes_per_sample
+from relax.trainers import TorchTrainer, compute_log_probs, pack
+
+MC = ModelConfig(kind="tiny_qwen3_moe", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+                 intermediate_size=128, num_experts=8, experts_per_token=2)
+K, E = 2, 8
+
+
+def _model(state=None):
+    model, tok = build_model(MC, 0)
+    if state is None:
+        g = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.dim() >= 2:
+                    p.normal_(0, p.shape[-1] ** -0.5, generator=g)
+    else:
+        model.load_state_dict(state)
+    return model, tok
+
+
+@pytest.fixture(scope="module")
+def moe():
+    torch.set_num_threads(1)
+    model, tok = _model()
+    return model, tok, state_dict_cpu(model)
+
+
+def _generate(state, tok, dtype, n_rows=32, max_new=8, seed=1):
+    engine = TorchEngine(_model(state)[0], tok, dtype=dtype, seed=seed, record_routing=True)
+    prompts = [tok.encode(f"{a} + {b} = Answer:") for a in range(8) for b in range(n_rows // 8)]
+    gens = engine.generate(prompts, max_new)
+    responses = [torch.tensor(g.token_ids) for g in gens]
+    fields = routing_fields([g.extras["routed_experts"] for g in gens], [len(p) for p in prompts],
+                            [len(r) for r in responses], E)
+    rows = {"prompt_ids": [torch.tensor(p) for p in prompts], "response_ids": responses,
+            "rollout_log_probs": [torch.tensor(g.log_probs) for g in gens], **fields}
+    return rows, gens
+
+
+@pytest.fixture(scope="module")
+def bf16_rollout(moe):
+    _, tok, state = moe
+    return _generate(state, tok, "bfloat16")
+
+
+def _own_routes(model, rows, routing=None):
+    """The experts each router selects in one packed forward: [B, width, layers, k]."""
+    packed = pack(rows["prompt_ids"], rows["response_ids"], 0)
+    B, W = packed.input_ids.shape
+    seen = []
+    handles = [r.register_forward_hook(lambda m, a, out: seen.append(out[2].detach().clone()))
+               for r in moe_routers(model)]
+    try:
+        data = {**rows, **(routing or {})}
+        with torch.no_grad(), replay_from_batch(model, data if routing else {}, W):
+            model(input_ids=packed.input_ids, attention_mask=packed.attention_mask)
+    finally:
+        for h in handles:
+            h.remove()
+    return torch.stack(seen, dim=1).view(B, W, len(seen), -1)
+
+
+def _sets(t: torch.Tensor) -> torch.Tensor:
+    return t.to(torch.long).sort(dim=-1).values
+
+
+def test_capture_layout_matches_the_models_own_routing(moe):
+    """fp32 engine: prompt + fed response tokens, uint8, aligned with what the same model routes in one pass."""
+    model, tok, state = moe
+    rows, gens = _generate(state, tok, "float32", n_rows=16)
+    own = _own_routes(model, rows)
+    agree = total = 0
+    for i, g in enumerate(gens):
+        rec = g.extras["routed_experts"]
+        p, m = len(rows["prompt_ids"][i]), len(g.token_ids)
+        assert rec.dtype == torch.uint8 and rec.shape == (p + m - 1, MC.num_layers, K)
+        same = (_sets(rec) == _sets(own[i, : p + m - 1])).all(-1)
+        agree += int(same.sum())
+        total += same.numel()
+        # The bus field: one entry per prompt + response token; the last token was never fed to the engine.
+        field = rows[ROUTED_FIELD][i]
+        assert field.shape == (p + m, MC.num_layers, K) and field.dtype == torch.uint8
+        assert (field[-1] == NOT_ROUTED[torch.uint8]).all() and torch.equal(field[:-1], rec)
+    # KV-cache decoding in fp32 may flip a near-tie now and then; a misaligned record would agree ~25%.
+    assert agree / total > 0.98, f"{agree}/{total}"
+
+
+def test_replay_reproduces_the_recorded_expert_sets_exactly(moe, bf16_rollout):
+    model, _, _ = moe
+    rows, _ = bf16_rollout
+    own = _own_routes(model, rows)
+    replayed = _own_routes(model, rows, {ROUTED_FIELD: rows[ROUTED_FIELD]})
+    differs = 0
+    for i in range(len(rows["response_ids"])):
+        p, m = len(rows["prompt_ids"][i]), len(rows["response_ids"][i])
+        rec = rows[ROUTED_FIELD][i][:-1].to(torch.long)
+        assert torch.equal(replayed[i, : p + m - 1], rec)  # the recorded experts, in the recorded order
+        # The last response token (never fed to the engine) and the padding keep the trainer's own routing;
+        # in layer 0 its input does not depend on earlier routing, so it is exactly the unpatched choice.
+        assert torch.equal(replayed[i, p + m - 1 :, 0], own[i, p + m - 1 :, 0])
+        differs += int((_sets(rec) != _sets(own[i, : p + m - 1])).any(-1).sum())
+    assert differs > 0, "the bf16 engine routed every token as the fp32 trainer does: nothing to replay"
+
+
+def test_unrecorded_tokens_route_exactly_as_without_replay(moe):
+    model, tok, _ = moe
+    ids = torch.tensor([tok.encode("3 + 4 = Answer: 7")])
+    with torch.no_grad():
+        ref = model(input_ids=ids).logits
+        with replay_routing(model, torch.zeros((1, ids.shape[1], MC.num_layers, K), dtype=torch.long),
+                            torch.zeros((1, ids.shape[1]), dtype=torch.bool)):
+            out = model(input_ids=ids).logits
+    assert torch.equal(ref, out)
+    assert all("forward" not in r.__dict__ for r in moe_routers(model))  # the patch is gone
+
+
+def test_gate_weights_are_the_router_softmax_over_the_recorded_set_and_train_the_router(moe):
+    model, _, _ = moe
+    router = moe_routers(model)[0]
+    torch.manual_seed(0)
+    hs = torch.randn(5, MC.hidden_size)
+    experts = torch.tensor([[7, 0], [1, 2], [3, 5], [6, 4], [0, 1]])
+    mask = torch.tensor([True, True, True, True, False])
+    with replay_routing(model, experts.view(1, 5, 1, K).expand(1, 5, MC.num_layers, K),
+                        mask.view(1, 5)):
+        logits, gates, idx = router(hs)
+    s = hs @ router.weight.T
+    for t in range(4):
+        assert idx[t].tolist() == experts[t].tolist()
+        e = s[t, experts[t]].exp()
+        torch.testing.assert_close(gates[t], e / e.sum())  # g_i = I_i exp(s_i) / sum_j I_j exp(s_j)
+    top = torch.softmax(s[4], -1).topk(K)
+    assert idx[4].tolist() == top.indices.tolist()  # unrecorded: the router's own choice
+    # Gradients reach the router through the replayed gates.
+    (gates[:4] * torch.arange(K)).sum().backward()
+    assert router.weight.grad is not None and router.weight.grad.abs().sum() > 0
+    router.weight.grad = None
+
+
+def test_training_step_under_replay_updates_every_router(moe, bf16_rollout):
+    model, tok, state = moe
+    rows, _ = bf16_rollout
+    cfg = ExperimentConfig(name="t", model=MC, training=TrainingConfig(micro_batch_tokens=4096))
+    trainer = TorchTrainer(_model(state)[0], tok.pad_token_id, cfg)
+    mb = {**rows, "old_log_probs": rows["rollout_log_probs"],
+          "advantages": [torch.full((len(r),), 1.0 if i % 2 else -1.0) for i, r in enumerate(rows["response_ids"])]}
+    metrics = trainer.accumulate(mb, __import__("relax.algorithms", fromlist=["LossScale"]).LossScale(1, 1))
+    assert metrics["logp_gap_abs"] > 0 and metrics["logp_gap_kl"] >= 0
+    for r in moe_routers(trainer.model):
+        assert r.weight.grad is not None and torch.isfinite(r.weight.grad).all() and r.weight.grad.abs().sum() > 0
+
+
+def test_r3_brings_the_trainers_log_probs_closer_to_the_bf16_engine(moe, bf16_rollout):
+    model, tok, _ = moe
+    rows, _ = bf16_rollout
+    engine_lp = torch.cat(rows["rollout_log_probs"])
+
+    def gap(routing):
+        lp = compute_log_probs(model, tok.pad_token_id, rows["prompt_ids"], rows["response_ids"], 1.0, 4096, routing)
+        return (torch.cat(lp) - engine_lp).abs().mean().item()
+
+    off = gap(None)
+    response_only = gap({ROUTED_FIELD: [r[len(p):] for p, r in zip(rows["prompt_ids"], rows[ROUTED_FIELD])]})
+    full = gap({ROUTED_FIELD: rows[ROUTED_FIELD]})
+    assert response_only < off and full < 0.7 * off, (off, response_only, full)
+
+
+def test_fields_config_and_errors(moe, bf16_rollout):
+    rows, _ = bf16_rollout
+    fields = {ROUTED_FIELD: rows[ROUTED_FIELD]}
+    n_tok = sum(len(p) + len(r) for p, r in zip(rows["prompt_ids"], rows["response_ids"]))
+    assert bytes_per_sample(fields) == n_tok * MC.num_layers * K / len(rows["response_ids"])
+    on = validate({"name": "x", "model": MC.model_dump(), "moe": {"r3": True}})
+    assert r3_fields(on) == [ROUTED_FIELD]
+    assert r3_fields(validate({"name": "x", "model": MC.model_dump()})) == []
+    with pytest.raises(ConfigError, match="moe.r3"):
+        validate({"name": "x", "moe": {"r3": True}})  # dense model
+    dense, tok = build_model(ModelConfig(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1), 0)
+    with pytest.raises(ValueError, match="MoE"):
+        RoutingCapture(dense)
+    with pytest.raises(ValueError, match="MoE"):
+        replay_from_batch(dense, {**rows, **fields}, 40)
+    with pytest.raises(ValueError, match="routed experts of row 0"):
+        routing_fields([torch.zeros((3, 2, 2), dtype=torch.uint8)], [2], [5], E)
+    # Without the prompt: one entry per response token, placed after the prompt.
+    gens_rec = [r[:-1] for r in rows[ROUTED_FIELD]]  # the engine's records
+    plens, rlens = [len(p) for p in rows["prompt_ids"]], [len(r) for r in rows["response_ids"]]
+    resp_only = routing_fields(gens_rec, plens, rlens, E, with_prompt=False)[ROUTED_FIELD]
+    assert [len(x) for x in resp_only] == rlens
+    e_full, m_full = build_replay(plens, rlens, 64, rows[ROUTED_FIELD], E)
+    e_resp, m_resp = build_replay(plens, rlens, 64, resp_only, E)
+    for i, p in enumerate(plens):
+        assert not m_resp[i, :p].any() and torch.equal(m_resp[i, p:], m_full[i, p:])
+        assert torch.equal(e_resp[i, p:], e_full[i, p:])
+    with pytest.raises(ValueError, match="entries"):
+        build_replay(plens, rlens, 64, [x[:-2] for x in rows[ROUTED_FIELD]], E)
+    bad = [r.clone() for r in rows[ROUTED_FIELD]]
+    bad[0][0, 0, 0] = E  # not an expert (and not the NOT_ROUTED marker)
+    with pytest.raises(ValueError, match="outside"):
+        build_replay(plens, rlens, 64, bad, E)
+
+
+def test_routing_fields_survive_the_bus_round_trip(bf16_rollout):
+    """One real bus (Ray + TransferQueue) round trip: uint8 [T, layers, k] per row, unchanged."""
+    import ray
+
+    from relax.bus import Bus
+    from relax.config import BusConfig
+
+    rows, _ = bf16_rollout
+    G, n = 4, 16
+    fields = {k: rows[k][:n] for k in (ROUTED_FIELD, "response_ids")}
+    fields[ROUTED_FIELD][0] = fields[ROUTED_FIELD][0][:0]  # an empty record must survive too
+    put = {"sample_id": torch.arange(n), "group_id": torch.arange(n) // G, **fields}
+    tmp = tempfile.mkdtemp(prefix="rr3", dir="/tmp")
+    ray.init(num_cpus=4, include_dashboard=False, _temp_dir=tmp, logging_level="WARNING")
+    bus = None
+    try:
+        bus = Bus.start(BusConfig(capacity_rows=64), group_size=G, max_staleness=0)
+        bus.put_rows(0, put)
+        batch = bus.fetch(0, "t", ["sample_id", ROUTED_FIELD], max_rows=n)
+        assert batch is not None and batch.size == n
+        for i, s in enumerate(batch["sample_id"].tolist()):
+            got = batch[ROUTED_FIELD][i]
+            assert got.dtype == torch.uint8 and torch.equal(got, fields[ROUTED_FIELD][s]), s
+    finally:
+        if bus is not None:
+            bus.close()
+        ray.shutdown()
+        shutil.rmtree(tmp, ignore_errors=True)
