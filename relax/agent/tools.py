@@ -13,6 +13,7 @@ import operator
 import os
 import re
 import resource
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -84,7 +85,8 @@ def calculate(expr: str):
 def _limits(memory_bytes: int, cpu_s: int):
     def apply():  # runs in the child between fork and exec
         resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s))
+        # Soft limit SIGXCPU one second past the wall-clock timeout (which normally fires first), hard SIGKILL after.
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
         resource.setrlimit(resource.RLIMIT_NOFILE, (32, 32))
         resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
         os.setsid()  # its own process group: a timeout kills everything it started
@@ -101,12 +103,14 @@ def run_python(code: str, timeout_s: float = 2.0, memory_mb: int = 256) -> str:
             proc = subprocess.run(
                 [sys.executable, "-I", "-S", "-c", code], capture_output=True, timeout=timeout_s, cwd=cwd,
                 env={"PATH": "/usr/bin:/bin"}, stdin=subprocess.DEVNULL,
-                preexec_fn=_limits(memory_mb << 20, max(1, math.ceil(timeout_s))),
+                preexec_fn=_limits(memory_mb << 20, math.ceil(timeout_s) + 1),
             )
         except subprocess.TimeoutExpired:
             raise RuntimeError(f"timed out after {timeout_s:g} s") from None
     if proc.returncode != 0:
         tail = proc.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or [f"exit {proc.returncode}"]
+        if -proc.returncode in (signal.SIGXCPU, signal.SIGKILL):  # the CPU limit beat the wall clock
+            raise RuntimeError(f"timed out: CPU limit of {math.ceil(timeout_s) + 1} s reached")
         raise RuntimeError(tail[0] if proc.returncode > 0 else f"killed by signal {-proc.returncode}")
     return proc.stdout.decode("utf-8", "replace")
 

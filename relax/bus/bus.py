@@ -9,6 +9,7 @@ client is opened lazily in the process that first uses it.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 import ray
@@ -22,6 +23,7 @@ from relax.bus.sampler import PUT_KEY, ROW_KEY, GroupSampler
 from relax.config import BusConfig
 
 log = logging.getLogger(__name__)
+_ATTACH_LOCK = threading.Lock()  # one TQ attach per process at a time (see Bus._tq)
 
 TQ_CONTROLLER = ("TransferQueueController", "transfer_queue")  # (name, namespace) TQ registers
 
@@ -121,9 +123,12 @@ class Bus:
         _get(self._coord.reset.remote(max_staleness))
 
     def _tq(self):
-        if self._client is None:
-            tq.init()  # no conf: attaches to the running controller
-            self._client = tq.get_client()
+        # Threaded actors (max_concurrency > 1) call this from several threads at once: TQ's client is
+        # usable only after init() also set up its storage manager, so one thread attaches, the rest wait.
+        with _ATTACH_LOCK:
+            if self._client is None:
+                tq.init()  # no conf: attaches to the running controller
+                self._client = tq.get_client()
         return self._client
 
     # ---- data ------------------------------------------------------------------------------------------
