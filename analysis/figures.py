@@ -245,15 +245,28 @@ HW_NOTE = ("Measured: this repository's CPU-scale runs (2-core CPU, no GPU, tiny
            "paper (arXiv 2604.11554), 16xH800, Qwen3-4B. Compare ratios, not absolute times.")
 
 
+def _draw_r3(source: Path, figs: Path, tables: Path) -> list[Path]:
+    from relax.moe.report import draw_r3
+
+    return draw_r3(source, figs, tables)
+
+
+# Drawers of the studies in analysis.reproduce.STUDIES: (results root, figures dir, tables dir) -> files written;
+# each draws nothing when its study has no results under the root.
+STUDIES = [_draw_r3]
+
+
 def draw_all(source: Path, dest: Path = RESULTS, only: list[Path] | None = None) -> list[Path]:
-    """Every figure and table that the runs under `source` (only those in `only`, when given) allow; returns
-    the files written."""
-    runs = system_runs(source, only)
-    if not runs:
-        raise SystemExit(f"no runs of the compared systems under {source} (expected e.g. async/cpu/<run>/)")
+    """Every figure and table that the runs under `source` (only those in `only`, when given) and the studies
+    under it allow; returns the files written."""
     figs, tables = dest / "figures", dest / "tables"
     figs.mkdir(parents=True, exist_ok=True)
-    written: list[Path] = []
+    written: list[Path] = [f for draw in STUDIES for f in draw(source, figs, tables)]
+    runs = system_runs(source, only)
+    if not runs:
+        if written:
+            return written
+        raise SystemExit(f"no runs of the compared systems under {source} (expected e.g. async/cpu/<run>/)")
     systems, ratios = systems_table(runs), ratios_table(runs)
     written += write_table(systems, tables, "systems", "Step time and throughput by mode and system", HW_NOTE)
     written += write_table(ratios, tables, "ratios", "Speed-ups: measured at CPU scale beside published", HW_NOTE)

@@ -6,6 +6,8 @@ Runs, in order (each a `relax run` of the file with the overrides shown):
   on-policy and off-policy runs). Each run folder also gets host_load.json: the machine's load average
   before and after it, so numbers taken while something else used the cores can be told apart.
 
+Then the studies (STUDIES: R3 overhead and mismatch, ...), each its own module writing under results/<name>/.
+
 `python -m analysis.reproduce [--steps N] [--only NAME ...] [--update-reference]`
 """
 
@@ -31,23 +33,51 @@ EXPERIMENTS = [
     ("staleness-2", "experiments/async/cpu.yaml", ["profile=cpu-staleness2", "max_staleness=2"]),
     ("staleness-4", "experiments/async/cpu.yaml", ["profile=cpu-staleness4", "max_staleness=4"]),
 ]
+# Studies that are not one `relax run` (several runs, side-by-side measurements): (name, module argv). Each is
+# run as `python -m MODULE ARGS --out OUT` and writes under OUT/<name>/; its drawer is in analysis.figures.STUDIES.
+STUDIES: list[tuple[str, list[str]]] = [
+    ("r3_moe", ["relax.moe.experiment"]),
+]
 # Files of a run kept in the committed reference set (trace.json only while small).
 REFERENCE_FILES = ["config.yaml", "metrics.jsonl", "summary.json", "host_load.json", "trace.json"]
 MAX_TRACE_BYTES = 400_000
+STUDY_SUFFIXES = {".json", ".jsonl", ".yaml", ".csv", ".md"}
 
 
 def _fmt(seconds: float) -> str:
     return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
 
 
+def _names() -> list[str]:
+    return [e[0] for e in EXPERIMENTS] + [s[0] for s in STUDIES]
+
+
+def run_studies(names: list[str] | None = None, out: Path = RESULTS) -> list[Path]:
+    """Run the studies (all, or those named); returns their folders OUT/<name>/."""
+    import subprocess
+    import sys
+
+    done = []
+    for name, argv in STUDIES:
+        if names and name not in names:
+            continue
+        cmd = [sys.executable, "-m", *argv, "--out", str(out)]
+        print(f"\n[study] {name}: {' '.join(cmd[1:])}", flush=True)
+        t0 = time.time()
+        subprocess.run(cmd, cwd=ROOT, check=True)
+        print(f"    {out / name} ({_fmt(time.time() - t0)})", flush=True)
+        done.append(out / name)
+    return done
+
+
 def run_all(names: list[str] | None = None, steps: int | None = None, out: Path = RESULTS) -> list[Path]:
     from relax.config import load_config
     from relax.controller import run_experiment
 
-    todo = [e for e in EXPERIMENTS if not names or e[0] in names]
-    unknown = set(names or []) - {e[0] for e in EXPERIMENTS}
+    unknown = set(names or []) - set(_names())
     if unknown:
-        raise SystemExit(f"unknown experiment(s) {sorted(unknown)}; one of {[e[0] for e in EXPERIMENTS]}")
+        raise SystemExit(f"unknown experiment(s) {sorted(unknown)}; one of {_names()}")
+    todo = [e for e in EXPERIMENTS if not names or e[0] in names]
     t_all, done = time.time(), []
     for i, (name, path, overrides) in enumerate(todo, 1):
         cfg = load_config(ROOT / path, overrides + ([f"steps={steps}"] if steps else []))
@@ -70,10 +100,17 @@ def run_all(names: list[str] | None = None, steps: int | None = None, out: Path 
     return done
 
 
-def update_reference(run_dirs: list[Path], out: Path = RESULTS, reference: Path = REFERENCE) -> Path:
-    """Replace the committed reference set with these runs (small files only)."""
+def update_reference(run_dirs: list[Path], out: Path = RESULTS, reference: Path = REFERENCE,
+                     studies: list[Path] = ()) -> Path:
+    """Replace the committed reference set with these runs and studies (small files only)."""
     if reference.exists():
         shutil.rmtree(reference)
+    for study in studies:  # a study's own small files: results json, per-run metrics and summaries
+        for src in study.rglob("*"):
+            if src.is_file() and src.suffix in STUDY_SUFFIXES and src.stat().st_size <= MAX_TRACE_BYTES:
+                dest = reference / src.relative_to(out)
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src, dest)
     for run in run_dirs:
         dest = reference / run.relative_to(out)
         dest.mkdir(parents=True)
@@ -124,8 +161,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--no-figures", action="store_true")
     args = p.parse_args(argv)
     runs = run_all(args.only, args.steps, args.out)
+    studies = run_studies(args.only, args.out)
     if args.update_reference:
-        update_reference(runs, args.out)
+        update_reference(runs, args.out, studies=studies)
     if not args.no_figures:
         for fig in draw_all(args.out, args.out, only=runs):  # these runs, not older ones under --out
             print(fig)
