@@ -19,6 +19,7 @@ import pandas as pd  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
 from analysis.results import SYSTEMS, load_metrics, load_trace, published_value  # noqa: E402
+from relax.metrics.telemetry import union_seconds  # noqa: E402
 from relax.schedules import spans as S  # noqa: E402
 
 LANES = ["rollout", "reward", "reference", "advantages", "actor"]
@@ -49,22 +50,6 @@ def step_windows(metrics: pd.DataFrame) -> list[tuple[int, float, float]]:
     return out
 
 
-def _union(intervals: list[tuple[float, float]]) -> float:
-    total, cur_lo, cur_hi = 0.0, None, None
-    for lo, hi in sorted(intervals):
-        if hi <= lo:
-            continue
-        if cur_hi is None or lo > cur_hi:
-            if cur_hi is not None:
-                total += cur_hi - cur_lo
-            cur_lo, cur_hi = lo, hi
-        else:
-            cur_hi = max(cur_hi, hi)
-    if cur_hi is not None:
-        total += cur_hi - cur_lo
-    return total
-
-
 def breakdown(trace: pd.DataFrame, t0: float, t1: float) -> dict[str, float]:
     """Seconds of [t0, t1] the trainer spent in each category; IDLE is the time no trainer span covers."""
     lane = trace[(trace.role == S.TRAINER_LANE) & (trace.end > t0) & (trace.start < t1)]
@@ -73,7 +58,7 @@ def breakdown(trace: pd.DataFrame, t0: float, t1: float) -> dict[str, float]:
     for name, lo, hi in zip(lane.name, lane.start.clip(lower=t0), lane.end.clip(upper=t1)):
         clipped.append((lo, hi))
         out[S.CATEGORY.get(name, S.OTHER)] += max(0.0, hi - lo)
-    out[S.IDLE] = max(0.0, (t1 - t0) - _union(clipped))
+    out[S.IDLE] = max(0.0, (t1 - t0) - union_seconds(clipped))
     return out
 
 

@@ -55,25 +55,27 @@ class Telemetry:
         return list(self.spans)
 
 
+def union_seconds(intervals) -> float:
+    """Length of the union of (start, end) intervals: overlapping spans count once, empty ones not at all."""
+    total, cur_lo, cur_hi = 0.0, None, None
+    for lo, hi in sorted(intervals):
+        if hi <= lo:
+            continue
+        if cur_hi is None or lo > cur_hi:
+            if cur_hi is not None:
+                total += cur_hi - cur_lo
+            cur_lo, cur_hi = lo, hi
+        else:
+            cur_hi = max(cur_hi, hi)
+    if cur_hi is not None:
+        total += cur_hi - cur_lo
+    return total
+
+
 def busy_seconds(spans: list[dict], t0: float, t1: float, roles: list[str]) -> dict[str, float]:
     """Seconds each role spent inside spans, clipped to the window [t0, t1] (overlapping spans merged)."""
-    out = {}
-    for role in roles:
-        ivs = sorted((max(s["start"], t0), min(s["end"], t1)) for s in spans if s["role"] == role)
-        total, cur_lo, cur_hi = 0.0, None, None
-        for lo, hi in ivs:
-            if hi <= lo:
-                continue
-            if cur_hi is None or lo > cur_hi:
-                if cur_hi is not None:
-                    total += cur_hi - cur_lo
-                cur_lo, cur_hi = lo, hi
-            else:
-                cur_hi = max(cur_hi, hi)
-        if cur_hi is not None:
-            total += cur_hi - cur_lo
-        out[role] = round(total, 4)
-    return out
+    return {role: round(union_seconds((max(s["start"], t0), min(s["end"], t1)) for s in spans if s["role"] == role), 4)
+            for role in roles}
 
 
 def chrome_trace(spans: list[dict], t0: float) -> dict:
