@@ -131,8 +131,10 @@ class Controller:
             wake_s = ray.get(rollout.wake.remote(k)) if k > 0 else 0.0
             ray.get(rollout.generate_partition.remote(k))
             sleep = ray.get(rollout.sleep.remote())
-            for name in self.role_names()[1:-1]:  # reward, reference, advantages: one after the other
+            for name in self.role_names()[1:-1]:  # reward, reference, critic values, advantages: one after another
                 ray.get(self.roles[name].process_partition.remote(k))
+            if "critic" in self.roles:  # its value-loss step needs the returns Advantages just wrote
+                ray.get(self.roles["critic"].train_partition.remote(k))
             ray.get(self.roles["actor"].train_partition.remote(k))
             self.colocate_extra[k] = {"sleep_wake_s": wake_s + sleep["sleep_s"], "freed_bytes": sleep["freed_bytes"]}
             self.poll(bar)

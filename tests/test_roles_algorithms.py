@@ -8,9 +8,11 @@ import pytest
 import torch
 
 from relax.algorithms import AdvantageInput, check_config, filter_groups, get_advantage
+from relax.algorithms.groups import sample_informative_groups
 from relax.config import ModelConfig, load_config
 from relax.controller import Controller
 from relax.models import build_model
+from relax.roles.actor import dynamic_sampling_metrics
 from relax.roles.critic import Critic, clipped_value_loss
 from relax.roles.teacher import opd_inputs, teacher_config
 from relax.trainers import pad_right
@@ -106,6 +108,49 @@ def test_teacher_is_the_warmup_trained_longer():
 def test_dynamic_sampling_marks_degenerate_groups():
     keep = filter_groups(torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 0.0]), torch.tensor([0, 0, 1, 1, 2, 2]))
     assert keep.tolist() == [False, False, True, True, False, False]
+
+
+def _fake_sampler(informative_prompts, calls):
+    """generate: output = (prompt, j); score: varies within the group only for prompts in the set."""
+    def generate(prompts):
+        calls.append(list(prompts))
+        return [(p, j) for j, p in enumerate(prompts)]
+
+    def score(p, out):
+        return float(out[1] % 2) if p in informative_prompts else 1.0
+    return generate, score
+
+
+def test_dynamic_sampling_redraws_degenerate_slots_until_full():
+    calls = []
+    generate, score = _fake_sampler({10, 21, 22}, calls)
+    # slot s at attempt a gets prompt 10 * (a + 1) + s: slot 0 is informative at once, slots 1 and 2 at attempt 1
+    drawn = sample_informative_groups([0, 1, 2], lambda s, a: 10 * (a + 1) + s, generate, score,
+                                      group_size=2, max_batches=3)
+    assert [(drawn[s].prompt, drawn[s].attempts, drawn[s].informative) for s in range(3)] == \
+        [(10, 1, True), (21, 2, True), (22, 2, True)]
+    assert calls == [[10, 10, 11, 11, 12, 12], [21, 21, 22, 22]]  # one batched generate per round, redraws only
+    assert drawn[1].rewards == [0.0, 1.0] and drawn[1].outputs == [(21, 0), (21, 1)]
+
+
+def test_dynamic_sampling_stops_at_the_cap():
+    calls = []
+    generate, score = _fake_sampler({10}, calls)
+    drawn = sample_informative_groups([0, 1], lambda s, a: 10 * (a + 1) + s, generate, score,
+                                      group_size=2, max_batches=3)
+    assert len(calls) == 3  # slot 1 never becomes informative: drawn max_batches times, then kept as is
+    assert (drawn[1].prompt, drawn[1].attempts, drawn[1].informative) == (31, 3, False)
+    assert (drawn[0].attempts, drawn[0].informative) == (1, True)
+    one = sample_informative_groups([0, 1], lambda s, a: 10 * (a + 1) + s, generate, score, 2, max_batches=1)
+    assert [one[s].attempts for s in (0, 1)] == [1, 1] and len(calls) == 4  # cap 1: no redraw
+    with pytest.raises(ValueError):
+        sample_informative_groups([0], lambda s, a: 0, generate, score, 2, max_batches=0)
+
+
+def test_dynamic_sampling_metrics():
+    # 2 groups of 4: one drawn twice, one drawn 3 times and still dropped (4 rows)
+    assert dynamic_sampling_metrics(4, [2] * 4 + [3] * 4 + [1] * 8, 4) == \
+        {"samples_dropped": 4, "groups_dropped": 1, "groups_resampled": 2, "groups_generated": 7}
 
 
 # --- which services run ---------------------------------------------------------------------------------------

@@ -40,6 +40,26 @@ def test_ppo_with_critic_genrm_and_dynamic_sampling(tmp_path):
     assert all("value_loss" in s["args"] for s in trained)
     for r in rows:  # dropped (degenerate) groups are skipped by the Actor but stay in the account
         assert r["samples"] + r["samples_dropped"] == 16 and r["samples_dropped"] % 4 == 0
+        # a GenRM score is not known to the rollout: groups are marked, never redrawn
+        assert r["groups_resampled"] == 0 and r["groups_generated"] == 4
+
+
+def test_colocate_ppo_with_critic_and_dynamic_sampling_refill(tmp_path):
+    # Colocate (rollout, critic values, advantages, critic step, actor step in turn) with the rule reward:
+    # degenerate groups are redrawn up to max_batches = 3 draws per slot.
+    rows, summary, lanes, spans = _run(tmp_path, "mode=colocate", "max_staleness=0", "algorithm.advantage=gae",
+                                       "algorithm.dynamic_sampling.enabled=true",
+                                       "algorithm.dynamic_sampling.max_batches=3")
+    assert lanes == BASE | {"critic"}
+    trained = [s for s in spans if s["name"] == "critic_train"]
+    assert [s["args"]["step"] for s in trained] == [0, 1] and all(s["args"]["rows"] == 16 for s in trained)
+    for r in rows:
+        assert r["samples"] + r["samples_dropped"] == 16 and r["groups_dropped"] * 4 == r["samples_dropped"]
+        # every redrawn slot took >= 2 draws, every slot still dropped took all 3
+        assert 4 + r["groups_resampled"] <= r["groups_generated"] <= 4 + 2 * r["groups_resampled"]
+        assert r["groups_dropped"] <= r["groups_resampled"]
+        assert r["groups_generated"] >= 4 + 2 * r["groups_dropped"]
+    assert sum(r["groups_resampled"] for r in rows) > 0  # the warm-up policy is imperfect: some groups were redrawn
 
 
 def test_on_policy_distillation(tmp_path):

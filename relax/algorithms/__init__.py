@@ -15,7 +15,7 @@ from relax.algorithms.groups import GroupStats, filter_groups, group_stats
 from relax.algorithms.gspo import gspo_loss, gspo_token_loss, sequence_log_ratio
 from relax.algorithms.kl import KL_ESTIMATORS, kl_penalty
 from relax.algorithms.opd import opd_loss, opd_token_advantage
-from relax.algorithms.policy import clipped_surrogate, log_ratio, ratio_metrics, reduce_policy_loss
+from relax.algorithms.policy import PolicyTerms, clipped_surrogate, log_ratio, policy_terms, ratio_metrics, reduce_policy_loss
 from relax.algorithms.ppo import ppo_loss
 from relax.algorithms.registry import (
     check_config,
@@ -40,6 +40,7 @@ __all__ = [
     "AdvantageInput",
     "GroupStats",
     "LossScale",
+    "PolicyTerms",
     "aggregate",
     "check_config",
     "clipped_surrogate",
@@ -58,6 +59,7 @@ __all__ = [
     "masked_mean",
     "opd_loss",
     "opd_token_advantage",
+    "policy_terms",
     "ppo_loss",
     "ratio_metrics",
     "read_params",

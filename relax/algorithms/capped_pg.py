@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from torch import Tensor
 
 from relax.algorithms.aggregation import LossScale, masked_mean
-from relax.algorithms.policy import log_ratio, ratio_metrics, reduce_policy_loss
+from relax.algorithms.policy import policy_terms, reduce_policy_loss
 from relax.algorithms.registry import read_params, register_policy_loss
 
 if TYPE_CHECKING:
@@ -25,8 +25,8 @@ CAPPED_PG_PARAMS = {"cap": 2.0}
 def capped_pg_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, mask: Tensor, cfg: AlgorithmConfig,
                    *, loss_scale: LossScale, rollout_log_probs: Tensor | None = None) -> tuple[Tensor, dict[str, float]]:
     cap = read_params(cfg, CAPPED_PG_PARAMS)["cap"]
-    log_r = log_ratio(log_probs, old_log_probs)
-    weight = log_r.exp().clamp(max=cap).detach()
-    loss = -weight * advantages.detach().float() * log_probs
-    metrics = {"capped_frac": float(masked_mean((weight >= cap).float(), mask)), **ratio_metrics(log_r, mask)}
+    t = policy_terms(log_probs, old_log_probs, advantages, mask)
+    weight = t.ratio.clamp(max=cap).detach()
+    loss = -weight * t.adv * log_probs
+    metrics = {"capped_frac": float(masked_mean((weight >= cap).float(), mask)), **t.metrics}
     return reduce_policy_loss(loss, mask, cfg, loss_scale, old_log_probs, rollout_log_probs, metrics)

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from relax.algorithms.aggregation import LossScale, masked_mean
-from relax.algorithms.policy import LOG_RATIO_CLAMP, clipped_surrogate, log_ratio, ratio_metrics, reduce_policy_loss
+from relax.algorithms.policy import LOG_RATIO_CLAMP, clipped_surrogate, policy_terms, reduce_policy_loss
 from relax.algorithms.registry import read_params, register_policy_loss
 
 if TYPE_CHECKING:
@@ -45,15 +45,16 @@ def gspo_loss(
     """l_i = max(-s_i A_i, -clip(s_i, 1 - eps_low, 1 + eps_high) A_i), A_i = token-mean of the advantages over the
     response (the broadcast scalar for sequence-level estimators); l_i is placed on every token of response i."""
     p = read_params(cfg, GSPO_PARAMS)
+    t = policy_terms(log_probs, old_log_probs, advantages, mask)
     m = mask > 0
-    adv = torch.where(m, advantages.detach().float(), 0.0).sum(-1) / m.sum(-1).clamp(min=1)
+    adv = torch.where(m, t.adv, 0.0).sum(-1) / m.sum(-1).clamp(min=1)
     seq_log_r = sequence_log_ratio(log_probs, old_log_probs, mask)
     seq_loss, clipped = clipped_surrogate(seq_log_r.exp(), adv, p["gspo_clip_low"], p["gspo_clip_high"])
     has_tokens = m.any(-1)
     metrics = {
         "clip_frac": float(masked_mean(clipped.float(), has_tokens)),
         "seq_ratio_mean": float(masked_mean(seq_log_r.detach().exp(), has_tokens)),
-        **ratio_metrics(log_ratio(log_probs, old_log_probs), mask),
+        **t.metrics,
     }
     loss = seq_loss[:, None].expand(mask.shape)
     return reduce_policy_loss(loss, mask, cfg, loss_scale, old_log_probs, rollout_log_probs, metrics)
@@ -74,13 +75,14 @@ def gspo_token_loss(
     l_it = max(-s_it A_it, -clip(s_it, 1 - eps_low, 1 + eps_high) A_it): token-level advantages allowed; equal to
     GSPO's gradient when A_it is constant over the response and loss_agg = seq-mean-token-mean."""
     p = read_params(cfg, GSPO_PARAMS)
+    t = policy_terms(log_probs, old_log_probs, advantages, mask)
     lp = log_probs.float()
     seq_log_r = sequence_log_ratio(log_probs, old_log_probs, mask).detach()
     ratio = torch.exp(seq_log_r[:, None] + lp - lp.detach())
-    loss, clipped = clipped_surrogate(ratio, advantages.detach().float(), p["gspo_clip_low"], p["gspo_clip_high"])
+    loss, clipped = clipped_surrogate(ratio, t.adv, p["gspo_clip_low"], p["gspo_clip_high"])
     metrics = {
         "clip_frac": float(masked_mean(clipped.float(), mask)),
         "seq_ratio_mean": float(masked_mean(seq_log_r.exp(), (mask > 0).any(-1))),
-        **ratio_metrics(log_ratio(log_probs, old_log_probs), mask),
+        **t.metrics,
     }
     return reduce_policy_loss(loss, mask, cfg, loss_scale, old_log_probs, rollout_log_probs, metrics)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from torch import Tensor
 
 from relax.algorithms.aggregation import LossScale
-from relax.algorithms.policy import log_ratio, ratio_metrics, reduce_policy_loss
+from relax.algorithms.policy import policy_terms, reduce_policy_loss
 from relax.algorithms.registry import register_policy_loss
 
 if TYPE_CHECKING:
@@ -39,6 +39,5 @@ def opd_loss(
     """l_t = -r_t A_t, r_t = exp(logp_t - old_logp_t); its gradient -A_t r_t grad logp_t is the policy gradient
     (-A_t grad logp_t on-policy), so it is exactly 0 with its gradient when every A_t = 0 (student == teacher,
     no task reward)."""
-    log_r = log_ratio(log_probs, old_log_probs)
-    loss = -log_r.exp() * advantages.detach().float()
-    return reduce_policy_loss(loss, mask, cfg, loss_scale, old_log_probs, rollout_log_probs, ratio_metrics(log_r, mask))
+    t = policy_terms(log_probs, old_log_probs, advantages, mask)
+    return reduce_policy_loss(-t.ratio * t.adv, mask, cfg, loss_scale, old_log_probs, rollout_log_probs, t.metrics)

@@ -3,6 +3,7 @@ final reduction (rollout correction, then aggregation by cfg.loss_agg over the w
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -43,6 +44,23 @@ def ratio_metrics(log_r: Tensor, mask: Tensor) -> dict[str, float]:
         "ratio_max": float(r[m].max()) if m.any() else 1.0,
         "approx_kl": float(masked_mean(r - 1 - log_r, m)),
     }
+
+
+@dataclass(frozen=True)
+class PolicyTerms:
+    """What every policy loss starts from: detached float32 advantages, the token log-ratio and ratio (with
+    their gradient through log_probs), and the ratio metrics (ratio_mean/max, approx_kl) over the mask."""
+
+    adv: Tensor
+    log_r: Tensor
+    ratio: Tensor
+    metrics: dict[str, float]
+
+
+def policy_terms(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, mask: Tensor) -> PolicyTerms:
+    """The shared preamble of the policy losses (ppo, gspo, sapo, opd, capped_pg): see PolicyTerms."""
+    log_r = log_ratio(log_probs, old_log_probs)
+    return PolicyTerms(advantages.detach().float(), log_r, log_r.exp(), ratio_metrics(log_r, mask))
 
 
 def reduce_policy_loss(

@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from relax.algorithms.aggregation import LossScale, masked_mean
-from relax.algorithms.policy import clipped_surrogate, log_ratio, ratio_metrics, reduce_policy_loss
+from relax.algorithms.policy import clipped_surrogate, policy_terms, reduce_policy_loss
 from relax.algorithms.registry import read_params, register_policy_loss
 
 if TYPE_CHECKING:
@@ -34,10 +34,10 @@ def ppo_loss(
     bounds the loss of a negative-advantage token whose ratio has run far above 1.
     """
     c = read_params(cfg, PPO_PARAMS)["clip_ratio_c"]
-    adv = advantages.detach().float()
-    log_r = log_ratio(log_probs, old_log_probs)
-    loss, clipped = clipped_surrogate(log_r.exp(), adv, cfg.clip_low, cfg.clip_high)
-    metrics = {"clip_frac": float(masked_mean(clipped.float(), mask)), **ratio_metrics(log_r, mask)}
+    t = policy_terms(log_probs, old_log_probs, advantages, mask)
+    adv = t.adv
+    loss, clipped = clipped_surrogate(t.ratio, adv, cfg.clip_low, cfg.clip_high)
+    metrics = {"clip_frac": float(masked_mean(clipped.float(), mask)), **t.metrics}
     if c is not None:
         if c <= 1:
             raise ValueError(f"algorithm.params.clip_ratio_c must be > 1, got {c}")

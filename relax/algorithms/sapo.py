@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from relax.algorithms.aggregation import LossScale, masked_mean
-from relax.algorithms.policy import log_ratio, ratio_metrics, reduce_policy_loss
+from relax.algorithms.policy import policy_terms, reduce_policy_loss
 from relax.algorithms.registry import read_params, register_policy_loss
 
 if TYPE_CHECKING:
@@ -45,12 +45,11 @@ def sapo_loss(
     p = read_params(cfg, SAPO_PARAMS)
     if p["tau_pos"] <= 0 or p["tau_neg"] <= 0:
         raise ValueError(f"algorithm.params.tau_pos/tau_neg must be > 0, got {p['tau_pos']}/{p['tau_neg']}")
-    adv = advantages.detach().float()
-    log_r = log_ratio(log_probs, old_log_probs)
-    ratio = log_r.exp()
+    t = policy_terms(log_probs, old_log_probs, advantages, mask)
+    adv, ratio = t.adv, t.ratio
     tau = torch.where(adv > 0, p["tau_pos"], p["tau_neg"])
     loss = -sapo_gate(ratio, tau) * adv
     with torch.no_grad():
         s = torch.sigmoid(tau * (ratio - 1.0))
-        metrics = {"gate_mean": float(masked_mean(4 * s * (1 - s), mask)), **ratio_metrics(log_r, mask)}
+        metrics = {"gate_mean": float(masked_mean(4 * s * (1 - s), mask)), **t.metrics}
     return reduce_policy_loss(loss, mask, cfg, loss_scale, old_log_probs, rollout_log_probs, metrics)

@@ -21,6 +21,13 @@ from relax.roles.base import ModelRole
 from relax.trainers import TorchTrainer
 from relax.weights.dcs import model_tensors
 
+def dynamic_sampling_metrics(dropped_rows: int, draws: list[int], group_size: int) -> dict:
+    """DAPO per step: rows and groups dropped (still degenerate at the cap), groups redrawn at least once, and
+    the groups generated in all (draws per row summed over each group's rows once)."""
+    return {"samples_dropped": dropped_rows, "groups_dropped": dropped_rows // group_size,
+            "groups_resampled": sum(d > 1 for d in draws) // group_size, "groups_generated": sum(draws) // group_size}
+
+
 TRAIN_FIELDS = ["prompt_ids", "response_ids", "rollout_log_probs", "advantages", "rewards", "weight_version",
                 "total_len", "sample_id", "truncated"]
 
@@ -39,7 +46,7 @@ class ActorRole(ModelRole):
         self.trainer = TorchTrainer(self.model, self.tokenizer.pad_token_id, cfg)
         self.telemetry = telemetry
         self.fields = TRAIN_FIELDS + (["ref_log_probs"] if cfg.algorithm.kl_coef > 0 else []) + r3_fields(cfg)
-        self.fields += ["keep"] * cfg.algorithm.dynamic_sampling.enabled  # DAPO marks from Advantages
+        self.fields += ["keep", "ds_attempts"] * cfg.algorithm.dynamic_sampling.enabled  # DAPO: marks, draws
         self.trained_ids: list[int] = []
         self.step_ids: list[int] = []  # sample ids of the step being trained: the DCS ledger entry of its version
         self.retained: list[int] = []  # trained partitions kept on the bus until their version is committed
@@ -114,7 +121,7 @@ class ActorRole(ModelRole):
         # Accumulate with unit denominators; divide the gradients by the true ones once all rows are seen.
         unit = LossScale(total_tokens=1, total_seqs=1)
         rewards, versions, tokens, seqs, losses = [], [], 0, 0, []
-        dropped = 0
+        dropped, draws = 0, []
         for mb in loader:
             with self.rec.span("train_micro_batch", step=k, rows=mb.size):
                 data = dict(mb.data)
@@ -126,6 +133,7 @@ class ActorRole(ModelRole):
                 if keep:
                     losses.append(self.trainer.accumulate(data, unit))
             rewards += mb["rewards"].tolist()
+            draws += mb["ds_attempts"].tolist() if "ds_attempts" in self.fields else []
             versions += mb["weight_version"].tolist()
             self.trained_ids += mb["sample_id"].tolist()
             self.step_ids += mb["sample_id"].tolist()
@@ -157,7 +165,7 @@ class ActorRole(ModelRole):
             "weight_version": k + 1,
             "loss": sum(m["loss"] for m in losses) / max(denom, 1),
             **step_metrics,
-            **({"samples_dropped": dropped} if "keep" in self.fields else {}),
+            **(dynamic_sampling_metrics(dropped, draws, cfg.rollout.group_size) if "keep" in self.fields else {}),
             **(extra or {}),
         }
         for key in ("clip_frac", "approx_kl", "kl", "logp_gap_abs", "logp_gap_kl"):

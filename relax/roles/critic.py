@@ -8,8 +8,9 @@ token t. Per partition k the Critic
      clipped value loss  0.5 * max((V - R)^2, (V_old + clip(V - V_old, -c, c) - R)^2), token-mean, with
      V_old = the values it wrote in 1 and c = `critic.value_clip`.
 Both phases consume rows through the bus (tasks `critic_values`, `critic_train`), so each row is seen
-exactly once per phase. Async mode only: in colocate mode the roles run one after the other and the
-returns of step k exist only after Advantages, which itself waits on the Critic's values.
+exactly once per phase. Async mode: `run` does 1 then 2 per partition, Advantages in between on its own
+loop. Colocate mode: the controller calls `process_partition(k)` (1) before Advantages and
+`train_partition(k)` (2) after it, before the Actor's step.
 """
 
 from __future__ import annotations
@@ -119,8 +120,6 @@ class CriticRole(Role):
 
     def __init__(self, cfg, bus, telemetry, weights, threads, replica=None):
         super().__init__(cfg, bus, telemetry, weights, threads, replica)
-        if cfg.mode != "async":
-            raise ValueError("the critic (algorithm.advantage: gae) needs mode 'async'")
         from relax.models import build_model
 
         lm, self.tokenizer = build_model(cfg.model, cfg.seed)

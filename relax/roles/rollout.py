@@ -12,6 +12,7 @@ import time
 import ray
 import torch
 
+from relax.algorithms.groups import sample_informative_groups
 from relax.engines import TorchEngine
 from relax.moe.fields import routing_fields
 from relax.fault.redelivery import existing_groups
@@ -106,15 +107,38 @@ class RolloutRole(ModelRole):
         self.rec.flush()
         return {"weight_sync_s": sync_s, "version": self.version}
 
+    def _prompt(self, k: int, g: int, attempt: int) -> int:
+        """The task index of group slot g of partition k at draw `attempt` (0: the slot's own prompt; a DAPO
+        redraw takes fresh prompts from past the end of the regular sequence)."""
+        r, ds = self.cfg.rollout, self.cfg.algorithm.dynamic_sampling
+        P = r.prompts_per_step
+        pos = k * P + g if attempt == 0 else (self.cfg.steps + k * (ds.max_batches - 1) + attempt - 1) * P + g
+        return self.order[pos % len(self.order)]
+
     def _rows(self, k: int, groups) -> dict:
-        r = self.cfg.rollout
+        r, ds = self.cfg.rollout, self.cfg.algorithm.dynamic_sampling
         G = r.group_size
-        prompt_idx, prompts = [], []
-        for g in groups:
-            idx = self.order[(k * r.prompts_per_step + g) % len(self.order)]
-            prompt_idx += [idx] * G
-            prompts += [self.tokenizer.encode(self.data[idx].prompt)] * G
-        gens = self.engine.generate(prompts, r.max_new_tokens)
+        groups = list(groups)
+        encoded: dict[int, list[int]] = {}
+
+        def encode(idx: int) -> list[int]:
+            if idx not in encoded:
+                encoded[idx] = self.tokenizer.encode(self.data[idx].prompt)
+            return encoded[idx]
+
+        def score(idx: int, gen) -> float:
+            return float(self.data.score(self.data[idx], self.tokenizer.decode(gen.token_ids)))
+
+        # DAPO dynamic sampling: redraw groups whose rule-based rewards are all equal, up to max_batches draws
+        # per slot. A GenRM reward is not known here, so with it groups are only marked (no redraw).
+        refill = ds.enabled and self.cfg.task.reward != "genrm"
+        drawn = sample_informative_groups(
+            groups, lambda g, a: self._prompt(k, g, a),
+            lambda idxs: self.engine.generate([encode(i) for i in idxs], r.max_new_tokens),
+            score if refill else (lambda idx, gen: 0.0), G, ds.max_batches if refill else 1)
+        prompt_idx = [drawn[g].prompt for g in groups for _ in range(G)]
+        prompts = [encode(i) for i in prompt_idx]
+        gens = [o for g in groups for o in drawn[g].outputs]
         sample_ids = [(k * r.prompts_per_step + g) * G + j for g in groups for j in range(G)]
         resp = [torch.tensor(g.token_ids, dtype=torch.long) for g in gens]
         rows = {
@@ -128,6 +152,8 @@ class RolloutRole(ModelRole):
             "truncated": torch.tensor([int(g.finish_reason == "length") for g in gens]),
             "total_len": torch.tensor([len(p) + len(x) for p, x in zip(prompts, resp)]),
         }
+        if ds.enabled:  # draws this row's group took (1: no redraw); the Actor reports the redraws per step
+            rows["ds_attempts"] = torch.tensor([drawn[g].attempts for g in groups for _ in range(G)])
         if self.cfg.moe.r3:  # R3: each token's experts, uint8 (relax/moe/fields.py)
             rows.update(routing_fields([g.extras["routed_experts"] for g in gens], [len(p) for p in prompts],
                                        [len(x) for x in resp], self.engine.capture.num_experts,
