@@ -251,9 +251,15 @@ def _draw_r3(source: Path, figs: Path, tables: Path) -> list[Path]:
     return draw_r3(source, figs, tables)
 
 
+def _draw_algorithms(source: Path, figs: Path, tables: Path) -> list[Path]:
+    from analysis.algorithms import draw_algorithms
+
+    return draw_algorithms(source, figs, tables)
+
+
 # Drawers of the studies in analysis.reproduce.STUDIES: (results root, figures dir, tables dir) -> files written;
 # each draws nothing when its study has no results under the root.
-STUDIES = [_draw_r3]
+STUDIES = [_draw_r3, _draw_algorithms]
 
 
 def draw_all(source: Path, dest: Path = RESULTS, only: list[Path] | None = None) -> list[Path]:

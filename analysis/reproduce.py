@@ -37,6 +37,7 @@ EXPERIMENTS = [
 # run as `python -m MODULE ARGS --out OUT` and writes under OUT/<name>/; its drawer is in analysis.figures.STUDIES.
 STUDIES: list[tuple[str, list[str]]] = [
     ("r3_moe", ["relax.moe.experiment"]),
+    ("algorithms", ["analysis.algorithms"]),  # GRPO, GSPO, SAPO, OPD, PPO + Critic from the same warm-up
 ]
 # Files of a run kept in the committed reference set (trace.json only while small).
 REFERENCE_FILES = ["config.yaml", "metrics.jsonl", "summary.json", "host_load.json", "trace.json"]

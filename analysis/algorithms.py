@@ -1,0 +1,192 @@
+"""Algorithm comparison study: the same task, model, warm-up and RL settings, one policy loss / estimator changed.
+
+`python -m analysis.algorithms [--config experiments/async/cpu.yaml] [--steps N] [--only grpo gspo ...]
+[--out results] [key=value ...]` runs `relax run CONFIG --steps N <overrides>` for each algorithm in ALGORITHMS, one after the
+other (the warm-up is cached by config hash, so every run starts RL from the same weights), and writes
+`<out>/algorithms/algorithms.json` (per algorithm: overrides, run folder, reward start/end, held-out eval,
+host load) beside the runs under `<out>/algorithms/runs/`.
+
+`draw_algorithms(results_root, figures_dir, tables_dir)` draws `algorithms.png` (training reward against step,
+raw and smoothed, per algorithm; held-out eval before and after RL) and `algorithms.{md,csv}`.
+
+Reward start/end: the mean training reward of the first START_STEPS steps (rollouts of the warm-up weights and
+the first updates) and of the last END_STEPS steps. Held-out: summary.json's eval_reward_* (sampled at the
+rollout temperature, 4 per prompt) and eval_accuracy_* (greedy), on the task's eval split.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+ALGORITHMS: dict[str, tuple[str, list[str]]] = {
+    # name: (label, overrides of the base config)
+    "grpo": ("GRPO (PPO clip, group advantages)", []),
+    "gspo": ("GSPO (sequence ratio, seq-mean-token-mean)",
+             ["algorithm.policy_loss=gspo", "algorithm.loss_agg=seq-mean-token-mean"]),
+    "sapo": ("SAPO (soft gate)", ["algorithm.policy_loss=sapo"]),
+    "opd": ("OPD (teacher reverse KL + task reward)", ["algorithm.policy_loss=opd"]),
+    "ppo_critic": ("PPO + Critic (GAE)", ["algorithm.advantage=gae"]),
+}
+COLORS = {"grpo": "#d62728", "gspo": "#1f77b4", "sapo": "#2ca02c", "opd": "#9467bd", "ppo_critic": "#ff7f0e"}
+RESULTS_FILE = "algorithms.json"
+START_STEPS, END_STEPS, SMOOTH = 4, 10, 8
+
+
+def _load() -> list[float]:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return []
+
+
+def reward_window(rewards: list[float]) -> tuple[float, float]:
+    """(mean of the first START_STEPS, mean of the last END_STEPS) training rewards."""
+    head, tail = rewards[:START_STEPS], rewards[-END_STEPS:]
+    return sum(head) / len(head), sum(tail) / len(tail)
+
+
+def run_study(config: str, steps: int | None, names: list[str], out: Path, extra: list[str] = ()) -> Path:
+    from relax.config import load_config
+    from relax.controller import run_experiment
+
+    root = out / "algorithms"
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / RESULTS_FILE
+    results = json.loads(path.read_text()) if path.exists() else {}
+    results.setdefault("algorithms", {})
+    results.update(config=config, steps=steps, extra_overrides=list(extra))
+    for name in names:
+        label, overrides = ALGORITHMS[name]
+        cfg = load_config(config, [f"profile=cpu-{name}", *extra, *overrides] + ([f"steps={steps}"] if steps else []))
+        before, t0 = _load(), time.time()
+        print(f"[algorithms] {name}: relax run {config} {' '.join(overrides)} --steps {cfg.steps}", flush=True)
+        run_dir, summary = run_experiment(cfg, out=root / "runs", progress=False)
+        rewards = [json.loads(line)["reward_mean"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        start, end = reward_window(rewards)
+        results["algorithms"][name] = {
+            "label": label, "overrides": overrides, "steps": len(rewards),
+            "run": str(run_dir.relative_to(root)),
+            "reward_start": round(start, 4), "reward_end": round(end, 4),
+            **{k: summary[k] for k in ("eval_reward_start", "eval_reward_end", "eval_accuracy_start",
+                                        "eval_accuracy_end", "mean_step_time_s", "train_time_s")},
+            "load_before": before, "load_after": _load(), "wall_s": round(time.time() - t0, 1),
+        }
+        print(f"    reward {start:.3f} -> {end:.3f}, held-out sampled reward {summary['eval_reward_start']:.3f} -> "
+              f"{summary['eval_reward_end']:.3f} ({time.time() - t0:.0f} s)", flush=True)
+        path.write_text(json.dumps(results, indent=2))
+    return path
+
+
+# --- drawing -------------------------------------------------------------------------------------------------
+NOTE = ("Measured: tiny Qwen3 (char tokenizer, SFT warm-up) on 1-digit +/- arithmetic, relax async off-policy "
+        "(experiments/async/cpu.yaml), one run per algorithm from the same warm-up weights and seed, on a 2-core "
+        "CPU shared with other jobs (1-min load average per run in the table). Training reward is the mean of each "
+        "step's {rows} samples (first {s} vs last {e} steps); held-out: {n} eval prompts, sampled at temperature 1 "
+        "(4 each) and greedy. One seed each: differences of a few points are within run-to-run noise. The paper "
+        "publishes no CPU-scale algorithm comparison, so there is no published column.")
+
+
+def algorithm_rows(results: dict) -> list[dict]:
+    rows = []
+    for name, r in results.get("algorithms", {}).items():
+        rows.append({
+            "algorithm": name, "overrides": " ".join(r["overrides"]) or "(config as is)", "steps": r["steps"],
+            "reward_start": r["reward_start"], "reward_end": r["reward_end"],
+            "reward_gain": round(r["reward_end"] - r["reward_start"], 4),
+            "eval_reward_start": round(r["eval_reward_start"], 4), "eval_reward_end": round(r["eval_reward_end"], 4),
+            "eval_accuracy_start": round(r["eval_accuracy_start"], 4),
+            "eval_accuracy_end": round(r["eval_accuracy_end"], 4),
+            "step_time_s": r["mean_step_time_s"], "load_1min": (r.get("load_before") or ["?"])[0],
+        })
+    return rows
+
+
+def draw_algorithms(results_root: Path, figures_dir: Path, tables_dir: Path) -> list[Path]:
+    path = Path(results_root) / "algorithms" / RESULTS_FILE
+    if not path.exists():
+        return []
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    results = json.loads(path.read_text())
+    algs = results.get("algorithms", {})
+    if not algs:
+        return []
+    root = path.parent
+    rows = algorithm_rows(results)
+    df = pd.DataFrame(rows)
+    eval_n, rows_per_step = None, None
+    written = []
+    tables_dir.mkdir(parents=True, exist_ok=True)
+    figures_dir.mkdir(parents=True, exist_ok=True)
+    for name, r in algs.items():
+        cfg_path = root / r["run"] / "config.yaml"
+        if eval_n is None and cfg_path.exists():
+            import yaml
+
+            cfg = yaml.safe_load(cfg_path.read_text())
+            eval_n, rows_per_step = cfg["task"]["eval_size"], cfg["rollout"]["prompts_per_step"] * cfg["rollout"]["group_size"]
+    note = NOTE.format(s=START_STEPS, e=END_STEPS, n=eval_n or "the", rows=rows_per_step or "")
+    df.to_csv(tables_dir / "algorithms.csv", index=False)
+    md = ["# Algorithm comparison (CPU scale, one run each)", "", df.to_markdown(index=False), "", note, ""]
+    (tables_dir / "algorithms.md").write_text("\n".join(md))
+    written += [tables_dir / "algorithms.csv", tables_dir / "algorithms.md"]
+
+    fig, axes = plt.subplots(1, 2, figsize=(14, 4.8), gridspec_kw={"width_ratios": [1.6, 1]})
+    for name, r in algs.items():
+        metrics = root / r["run"] / "metrics.jsonl"
+        if not metrics.exists():
+            continue
+        m = pd.DataFrame([json.loads(x) for x in metrics.read_text().splitlines()])
+        color = COLORS.get(name)
+        axes[0].plot(m["step"], m["reward_mean"], color=color, alpha=0.25, lw=0.8)
+        axes[0].plot(m["step"], m["reward_mean"].rolling(SMOOTH, min_periods=1).mean(), color=color, lw=1.8,
+                     label=f"{name}: {r['reward_start']:.2f} -> {r['reward_end']:.2f}")
+    axes[0].set(title="Training reward per step (raw faint, %d-step mean bold)" % SMOOTH, xlabel="training step",
+                ylabel="mean reward of the step's samples")
+    axes[0].legend(fontsize=8, title=f"reward first {START_STEPS} -> last {END_STEPS} steps", title_fontsize=8)
+    axes[0].grid(alpha=0.3)
+    x = range(len(df))
+    w = 0.2
+    for i, (col, label, hatch) in enumerate([("eval_reward_start", "sampled reward, warm-up", "//"),
+                                              ("eval_reward_end", "sampled reward, after RL", ""),
+                                              ("eval_accuracy_start", "greedy accuracy, warm-up", "//"),
+                                              ("eval_accuracy_end", "greedy accuracy, after RL", "")]):
+        axes[1].bar([j + (i - 1.5) * w for j in x], df[col], w, label=label, hatch=hatch,
+                    color=["#9ecae1", "#3182bd", "#fdae6b", "#e6550d"][i], edgecolor="black", lw=0.4)
+    axes[1].set_xticks(list(x), df["algorithm"], fontsize=8)
+    lo = min(df[["eval_reward_start", "eval_reward_end"]].min()) - 0.1
+    axes[1].set(title=f"Held-out eval ({eval_n or '?'} prompts): before vs after RL", ylim=(max(0, lo), 1.15))
+    axes[1].legend(fontsize=7, loc="upper left", ncol=2)
+    axes[1].grid(alpha=0.3, axis="y")
+    fig.text(0.01, 0.01, "Measured at CPU scale (2-core CPU, tiny model); no published counterpart.", fontsize=7)
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    out = figures_dir / "algorithms.png"
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return written + [out]
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default="experiments/async/cpu.yaml")
+    p.add_argument("--steps", type=int, default=None, help="steps of each run (default: the config's)")
+    p.add_argument("--only", nargs="+", choices=list(ALGORITHMS), default=list(ALGORITHMS))
+    p.add_argument("--out", type=Path, default=Path("results"))
+    p.add_argument("overrides", nargs="*", help="dotted key=value overrides applied to every run (before its own)")
+    args = p.parse_args(argv)
+    path = run_study(args.config, args.steps, args.only, args.out, args.overrides)
+    for f in draw_algorithms(args.out, args.out / "figures", args.out / "tables"):
+        print(f)
+    print(path)
+
+
+if __name__ == "__main__":
+    main()
