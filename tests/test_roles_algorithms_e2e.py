@@ -69,7 +69,7 @@ def test_on_policy_distillation(tmp_path):
     assert all(r["grad_norm"] > 0 for r in rows)  # the teacher differs from the student: a distillation signal
 
 
-@pytest.mark.parametrize("loss", ["gspo", "sapo"])
+@pytest.mark.parametrize("loss", ["gspo", "sapo", "capped_pg"])  # capped_pg: the README's worked example
 def test_policy_losses_run(tmp_path, loss):
     rows, summary, lanes, _ = _run(tmp_path, f"algorithm.policy_loss={loss}")
     assert lanes == BASE and all(r["samples"] == 16 for r in rows)
