@@ -65,3 +65,16 @@ def test_drawer_writes_table_and_figure(tmp_path):
     assert float(rows["sapo"]["reward_gain"]) == pytest.approx(-0.1)
     assert rows["sapo"]["overrides"] == "algorithm.policy_loss=sapo"
     assert "128 samples" in (tmp_path / "tables" / "algorithms.md").read_text()  # 16 prompts x 8, from the config
+
+
+def test_update_reference_keeps_the_hand_measured_smollm2_folder(tmp_path):
+    from analysis import reproduce
+
+    out, ref = tmp_path / "results", tmp_path / "results" / "reference"
+    (ref / "smollm2").mkdir(parents=True)
+    (ref / "smollm2" / "summary.json").write_text("{}")
+    (ref / "async" / "cpu" / "old").mkdir(parents=True)
+    (ref / "README.md").write_text("old")
+    reproduce.update_reference([], out, ref)
+    assert (ref / "smollm2" / "summary.json").exists() and not (ref / "async").exists()
+    assert (ref / "README.md").read_text() != "old"
