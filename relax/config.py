@@ -180,6 +180,9 @@ class DCSConfig(Strict):
     timeout_s: float = Field(60.0, gt=0)  # a transfer that stalls this long fails and is retried from another peer
     # Where the staging buffers live: cpu (process groups are gloo) or cuda (the same code, NCCL groups; GPU roles).
     device: Literal["cpu", "cuda"] = "cpu"
+    # One process group per (holder, receiver) pair, made on its first transfer and reused for every later
+    # version (False: a group per transfer, the first version's behaviour, kept for comparison).
+    reuse_groups: bool = True
 
 
 class HealthConfig(Strict):

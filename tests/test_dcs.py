@@ -65,6 +65,9 @@ class Member:
         self.dcs.sync(self.version, load, min_version=min_version, exact=exact)
         return self.version, self.dcs.last_transfer.get("src")
 
+    def groups_made(self):
+        return self.dcs.groups_made
+
     def equals(self, seed):
         return all(torch.equal(self.state[k], v) for k, v in weights(seed).items())
 
@@ -120,6 +123,27 @@ def test_gloo_transfer_peer_recovery_pinning_and_ledger(dcs):
     assert dcs.ledger() == [10, 11, 12]
     for a in (rollout, reference, newcomer):
         ray.kill(a)
+
+
+@pytest.mark.parametrize("reuse", [True, False])
+def test_a_pair_reuses_its_process_group_across_versions(ray_session, reuse):
+    d = DCS.start("gloo", bucket_mb=0.004, timeout_s=20, reuse_groups=reuse)
+    try:
+        d.join("driver", serve=False)
+        trainer = Member.remote(d, "actor", trainer=True)
+        rollout = Member.remote(d, "rollout", serve=False)
+        for v in range(4):
+            ray.get(trainer.publish.remote(v, v))
+            version, src = ray.get(rollout.sync.remote(min_version=v))
+            assert version == v and src.startswith("actor") and ray.get(rollout.equals.remote(v))
+        # Four versions, several buckets each, one group per pair when reused; a group per transfer otherwise.
+        assert ray.get(rollout.groups_made.remote()) == (1 if reuse else 4)
+        assert ray.get(trainer.groups_made.remote()) == (1 if reuse else 4)
+        assert d.topology()["stats"]["transfers"] == 4
+        for a in (trainer, rollout):
+            ray.kill(a)
+    finally:
+        d.close()
 
 
 def test_uncommitted_version_rolls_back_with_its_samples_when_the_trainer_dies(ray_session):

@@ -71,7 +71,7 @@ class Supervisor:
     def start(self, initial_state: dict) -> None:
         cfg, c = self.cfg, self.c
         d = cfg.dcs
-        self.dcs = DCS.start(d.transport, d.bucket_mb, d.timeout_s, cfg.health.heartbeat_s, d.device)
+        self.dcs = DCS.start(d.transport, d.bucket_mb, d.timeout_s, cfg.health.heartbeat_s, d.device, d.reuse_groups)
         # The driver pins version 0 (the reference policy) and follows every newer version.
         self.dcs.join("driver", serve=True, follow=True)
         self.dcs.publish(0, initial_state, pin=True)
@@ -311,6 +311,8 @@ class Supervisor:
         ev["t_ready"] = now - self.t_start
         ev["ready_s"] = ev["t_ready"] - (ev["t_fault"] if ev["t_fault"] is not None else ev["t_detect"])
         ev.update(ray.get(handle.recovery_info.remote(str(self.ckpt_dir))))
+        if ev.get("boot_t0") is not None:  # when the replacement's process was created (run clock)
+            ev["t_process"] = ev.pop("boot_t0") - self.t_start
 
     # ---- Tier 2 ---------------------------------------------------------------------------------------------
     def _global_restart(self, role: str, reason: str) -> None:

@@ -43,6 +43,7 @@ class ActorRole(ModelRole):
         # The warm-up weights the controller published; after a global restart, the newest version a live
         # DCS peer holds.
         self.sync_weights(min_version=0)
+        self.boot.mark("weight_fetch")
         self.trainer = TorchTrainer(self.model, self.tokenizer.pad_token_id, cfg)
         self.telemetry = telemetry
         self.fields = TRAIN_FIELDS + (["ref_log_probs"] if cfg.algorithm.kl_coef > 0 else []) + r3_fields(cfg)
@@ -52,6 +53,7 @@ class ActorRole(ModelRole):
         self.retained: list[int] = []  # trained partitions kept on the bus until their version is committed
         self.ckpt_dir = Path(ckpt_dir) if ckpt_dir else None
         self.restored = self.restore_optimizer() if resume else {}
+        self.boot.mark("trainer_and_optimizer")
 
     def publish(self, version: int) -> float:
         """Publish `version` through the DCS (a copy into the staging; peers pull it in the background)."""

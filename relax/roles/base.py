@@ -15,6 +15,7 @@ import torch
 
 from relax.bus import Batch, Bus
 from relax.config import ExperimentConfig
+from relax.fault.boot import BootClock
 from relax.fault.redelivery import produced
 from relax.metrics.telemetry import SpanRecorder
 
@@ -30,6 +31,7 @@ class Role:
     dcs_member = {"serve": False, "follow": False, "trainer": False}  # its part in the DCS (relax.weights.dcs)
 
     def __init__(self, cfg: ExperimentConfig, bus: Bus, telemetry, weights, threads: int, replica: int | None = None):
+        self.boot = BootClock()  # where a (re)start's seconds go (relax/fault/boot.py)
         torch.set_num_threads(threads)
         self.cfg = cfg
         self.bus = bus
@@ -38,6 +40,7 @@ class Role:
         self.rec = SpanRecorder(self.name, telemetry)
         self.rows_per_step = cfg.rows_per_step
         self.weights.join(self.name, replica, **self.dcs_member)
+        self.boot.mark("dcs_join")
 
     def pid(self) -> int:
         return os.getpid()
@@ -45,9 +48,12 @@ class Role:
     def ready(self) -> bool:
         return True
 
+    def boot_phases(self) -> dict[str, float]:
+        return self.boot.phases()
+
     def recovery_info(self, ckpt_dir: str | None = None) -> dict:
         """What a restarted instance recovered and how (the supervisor records it)."""
-        return {}
+        return {"boot": self.boot.phases(), "boot_t0": self.boot.started()}
 
     def run(self, steps: int, start: int = 0, recover: bool = False) -> None:
         for k in range(start, steps):
@@ -89,6 +95,7 @@ class ModelRole(Role):
 
         self.model, self.tokenizer = build_model(cfg.model, cfg.seed)
         self.version = -1
+        self.boot.mark("model_build")
 
     def sync_weights(self, min_version: int | None = None, exact: int | None = None, block: bool = True) -> float:
         """Load the newest published weights (waiting for `min_version` if given; `exact`: that version);
@@ -104,6 +111,7 @@ class ModelRole(Role):
         """How this instance got its weights (DCS peer, seconds, bytes), and what reloading the same amount
         of weights from the Actor's disk checkpoint costs here, for comparison (not used)."""
         info = {f"dcs_{k}": v for k, v in self.weights.last_transfer.items()}
+        info.update(boot=self.boot.phases(), boot_t0=self.boot.started())
         path = Path(ckpt_dir or "") / "weights.pt"
         if ckpt_dir and path.exists():
             t0 = time.time()

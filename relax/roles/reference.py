@@ -19,6 +19,7 @@ class ReferenceRole(ModelRole):
     def __init__(self, cfg, bus, telemetry, weights, threads, replica=None):
         super().__init__(cfg, bus, telemetry, weights, threads, replica)
         self.sync_weights(exact=0)  # the reference is version 0 and never moves (a restart gets it from a peer)
+        self.boot.mark("weight_fetch")
         self.fields = self.fields + r3_fields(cfg)  # R3: the rollout's experts, replayed in the forward
 
     def compute(self, batch):

@@ -31,12 +31,15 @@ class RolloutRole(ModelRole):
         r = cfg.rollout
         self.engine = TorchEngine(self.model, self.tokenizer, dtype=r.dtype, temperature=r.temperature,
                                   top_p=r.top_p, record_routing=cfg.moe.r3, seed=cfg.seed + 1000 * (replica or 0))
+        self.boot.mark("engine")
         self.queue = queue  # the GroupQueue shared by the replicas (None: this one generates every group)
         self.data = make_task(cfg.task, cfg.seed, "train")
         self.order = list(range(len(self.data)))
         random.Random(cfg.seed).shuffle(self.order)
         self.order = self.order[: cfg.task.rl_pool]
+        self.boot.mark("task_data")
         self.sync_weights(min_version=0)
+        self.boot.mark("weight_fetch")
 
     def load_state(self, state, version):
         self.engine.update_weights(state, version)

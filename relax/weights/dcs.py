@@ -6,10 +6,13 @@ One coordinator (a named async Ray actor) keeps the topology and the metadata; e
   metadata (tensor names, shapes, dtypes, bucket layout) and the ids of the samples trained to make it;
   it records which live member holds which version and pairs a receiver with a holder for each transfer.
 * Transfer (`transport: gloo`): a holder copies its weights into flat per-dtype buckets (the staging, allocated
-  once and reused for every version) and a serving thread answers transfer sessions: per session a two-rank
-  torch.distributed process group (gloo on CPU tensors, NCCL when the staging lives on a GPU: same code)
-  moves the staging bucket by bucket with `broadcast`. A receiver receives into its own staging and becomes
-  a holder too, so a restarted or added role pulls the current weights from a live peer, never from disk.
+  once and reused for every version) and a serving thread answers transfer sessions: a two-rank
+  torch.distributed process group per (holder, receiver) pair (gloo on CPU tensors, NCCL when the staging
+  lives on a GPU: same code) moves the staging bucket by bucket with `broadcast`. The group is made on the
+  pair's first session and reused for every later version (`reuse_groups`; the coordinator names it, and a
+  failed session retires it, so both sides make a new one next time). A receiver receives into its own
+  staging and becomes a holder too, so a restarted or added role pulls the current weights from a live peer,
+  never from disk.
 * Publishing (the Actor) only copies parameters into the staging and announces the version (milliseconds);
   the transfers to rollout engines run in the serving thread while the next training step runs.
 * A rollout engine *follows*: a background thread pulls each new version into the staging while the engine
@@ -143,9 +146,11 @@ def broadcast_buckets(pg, buffers: list[torch.Tensor], root: int) -> None:
 class DCSCoordinator:
     """Topology, versions, the ledger and the pairing of receivers with holders (see the module doc)."""
 
-    def __init__(self, transport: str, host: str):
+    def __init__(self, transport: str, host: str, reuse_groups: bool = True):
         self.transport = transport
         self.host = host
+        self.reuse_groups = reuse_groups
+        self.pair_group: dict[tuple[str, str], str] = {}  # (holder, receiver) -> name of their process group
         self.store = None
         if transport == "gloo":
             self.store = dist.TCPStore(host, 0, None, True, timeout=timedelta(seconds=60), wait_for_workers=False)
@@ -186,6 +191,8 @@ class DCSCoordinator:
                 return
             m["alive"] = False
             self.holds.pop(mid, None)
+            for pair in [p for p in self.pair_group if mid in p]:
+                del self.pair_group[pair]
             for s in self.sessions.values():
                 if s["state"] in ("queued", "accepted") and mid in (s["src"], s["dst"]):
                     s["state"] = "failed"
@@ -323,8 +330,9 @@ class DCSCoordinator:
                 return {"version": version, "refs": self.refs.get(version), "src": src}
             sid = uuid.uuid4().hex[:10]
             layout = self.layouts[version]
+            group = self.pair_group.setdefault((src, mid), sid) if self.reuse_groups else sid
             sess = {"sid": sid, "src": src, "dst": mid, "version": version, "layout": layout, "state": "queued",
-                    "created": time.time(), "bytes": layout_bytes(layout)}
+                    "created": time.time(), "bytes": layout_bytes(layout), "group": group}
             self.sessions[sid] = sess
             self.queues[src].put_nowait(sid)
             self.changed.notify_all()
@@ -373,6 +381,9 @@ class DCSCoordinator:
                 self.stats["seconds"] += seconds
             else:
                 self.stats["failed"] += 1
+                # The pair's group may be half-way through a collective: retire it, the next session makes anew.
+                if self.pair_group.get((sess["src"], sess["dst"])) == sess["group"]:
+                    del self.pair_group[(sess["src"], sess["dst"])]
             self.changed.notify_all()
 
     # -- views
@@ -403,10 +414,11 @@ class DCS:
     """
 
     def __init__(self, transport: str = "gloo", bucket_mb: float = 64.0, timeout_s: float = 60.0,
-                 heartbeat_s: float = 0.5, device: str = "cpu"):
+                 heartbeat_s: float = 0.5, device: str = "cpu", reuse_groups: bool = True):
         if transport not in ("gloo", "object_store"):
             raise ValueError(f"dcs.transport: unknown transport '{transport}' (gloo | object_store)")
         self.transport = transport
+        self.reuse_groups = reuse_groups
         self.bucket_bytes = int(bucket_mb * 2**20)
         self.timeout_s = timeout_s
         self.heartbeat_s = heartbeat_s
@@ -415,7 +427,8 @@ class DCS:
         self._reset_local()
 
     def __reduce__(self):
-        return (DCS, (self.transport, self.bucket_bytes / 2**20, self.timeout_s, self.heartbeat_s, self.device))
+        return (DCS, (self.transport, self.bucket_bytes / 2**20, self.timeout_s, self.heartbeat_s, self.device,
+                      self.reuse_groups))
 
     def _reset_local(self) -> None:
         self.id: str | None = None
@@ -430,12 +443,14 @@ class DCS:
         self._tls = threading.local()
         self._pull_lock = threading.Lock()
         self._following = False
+        self._groups: dict[tuple[str, int], tuple[str, object]] = {}  # (peer, my rank) -> (group name, group)
+        self.groups_made = 0
         self.last_transfer: dict = {}
 
     # -- lifecycle
     @classmethod
     def start(cls, transport: str = "gloo", bucket_mb: float = 64.0, timeout_s: float = 60.0,
-              heartbeat_s: float = 0.5, device: str = "cpu") -> DCS:
+              heartbeat_s: float = 0.5, device: str = "cpu", reuse_groups: bool = True) -> DCS:
         """Start the coordinator (driver, after ray.init) and return a handle for the roles."""
         try:
             ray.get_actor(NAME, namespace=NAMESPACE)
@@ -444,9 +459,9 @@ class DCS:
         else:
             raise RuntimeError(f"DCS.start: {NAMESPACE}/{NAME} is already running; close the previous one first")
         host = ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
-        coord = DCSCoordinator.options(name=NAME, namespace=NAMESPACE).remote(transport, host)
+        coord = DCSCoordinator.options(name=NAME, namespace=NAMESPACE).remote(transport, host, reuse_groups)
         ray.get(coord.topology.remote())
-        dcs = cls(transport, bucket_mb, timeout_s, heartbeat_s, device)
+        dcs = cls(transport, bucket_mb, timeout_s, heartbeat_s, device, reuse_groups)
         dcs._coord = coord
         return dcs
 
@@ -510,6 +525,23 @@ class DCS:
             st = dist.TCPStore(host, port, None, False, timeout=timedelta(seconds=self.timeout_s))
             self._tls.store = st
         return st
+
+    def _group(self, sess: dict, rank: int):
+        """The process group of this session's pair: the cached one while the coordinator names the same group,
+        else a new one (made on both sides by the same name: a rendezvous through the coordinator's store)."""
+        peer = sess["dst"] if rank == 0 else sess["src"]
+        got = self._groups.get((peer, rank))
+        if got is not None and got[0] == sess["group"]:
+            return got[1]
+        pg = make_pair_group(self._store(), sess["group"], rank, self.timeout_s, _device_of(self.device),
+                             self._store_addr[0])
+        self.groups_made += 1
+        self._groups[(peer, rank)] = (sess["group"], pg)
+        return pg
+
+    def _drop_group(self, sess: dict, rank: int) -> None:
+        peer = sess["dst"] if rank == 0 else sess["src"]
+        self._groups.pop((peer, rank), None)
 
     # -- publishing
     def have(self) -> int:
@@ -612,23 +644,21 @@ class DCS:
                         if st.version >= 0:  # stop serving what is about to be overwritten
                             ray.get(self.coord.release.remote(self.id, st.version))
                         st.version = -1
-                        pg = make_pair_group(self._store(), sess["sid"], 1, self.timeout_s, _device_of(self.device),
-                                             self._store_addr[0])
-                        broadcast_buckets(pg, st.buffers, root=0)
-                        del pg
+                        broadcast_buckets(self._group(sess, 1), st.buffers, root=0)
                         st.version = sess["version"]
                         self.staging = st
                     ok = True
                 except Exception as err:  # the holder died or stalled: try another one
                     log.warning("dcs: transfer of version %s from %s failed (%s); retrying",
                                 sess["version"], sess["src"], err)
+                    self._drop_group(sess, 1)
                     exclude.append(sess["src"])
                 finally:
                     seconds = time.perf_counter() - t0
                     ray.get(self.coord.finish.remote(sess["sid"], ok, seconds))
                 if ok:
                     self.last_transfer = {"version": sess["version"], "src": sess["src"], "seconds": seconds,
-                                          "bytes": sess["bytes"]}
+                                          "bytes": sess["bytes"], "groups_made": self.groups_made}
                     ray.get(self.coord.announce.remote(self.id, sess["version"]))
                     with self._newer:
                         self._newer.notify_all()
@@ -654,12 +684,10 @@ class DCS:
                 with st.lock:
                     if st.version != sess["version"] or not st.matches(sess["layout"]):
                         raise RuntimeError(f"version {sess['version']} was replaced while queued")
-                    pg = make_pair_group(self._store(), sess["sid"], 0, self.timeout_s, _device_of(self.device),
-                                         self._store_addr[0])
-                    broadcast_buckets(pg, st.buffers, root=0)
-                    del pg
+                    broadcast_buckets(self._group(sess, 0), st.buffers, root=0)
             except Exception as err:
                 log.warning("dcs: serving version %s to %s failed: %s", sess["version"], sess["dst"], err)
+                self._drop_group(sess, 0)
                 try:
                     ray.get(self.coord.finish.remote(sess["sid"], False))
                 except Exception:
