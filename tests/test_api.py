@@ -215,3 +215,66 @@ def test_server_thread_writes_a_private_token_and_answers(tmp_path, pool):
             assert c.get("/rollout/engines", headers={"Authorization": f"Bearer {token}"}).json()["total_engines"] == 2
     finally:
         server.stop()
+
+
+def test_forced_scale_in_removes_without_draining(client, pool):
+    pool.reps["rollout-5"] = {"initial": False, "status": "ACTIVE"}
+    r = client.post("/rollout/scale_in", json={"num_replicas": 2, "force": True}, headers=AUTH)
+    op = wait_status(client, "scale_in", r.json()["request_id"], {"COMPLETED", "FAILED"})
+    assert op["status"] == "COMPLETED" and op["force"] and op["engine_ids"] == ["rollout-5"]
+    assert pool.calls == [("remove", "rollout-5")]  # no drain
+
+
+def test_relax_scale_cli_reads_the_run_dir_and_drives_every_operation(tmp_path, pool, capsys):
+    import argparse
+    import json
+
+    from relax.api import cli
+
+    def relax_scale(*argv: str, run_dir=tmp_path) -> tuple[int, dict | str]:
+        parser = argparse.ArgumentParser()
+        cli.register(parser.add_subparsers())
+        args = parser.parse_args(["scale", *(["--run-dir", str(run_dir)] if run_dir else []), *argv])
+        rc = args.func(args)
+        out = capsys.readouterr()
+        try:
+            return rc, json.loads(out.out)
+        except json.JSONDecodeError:
+            return rc, out.out + out.err
+
+    manager = ScaleManager(pool, timeout_s=5, drain_timeout_s=5)
+    server = start_api(tmp_path, manager, port=0)
+    try:
+        rc, op = relax_scale("out", "3", "--wait")
+        assert rc == 0 and op["status"] == "ACTIVE" and op["engine_ids"] == ["rollout-2"]
+        rc, body = relax_scale("status", op["request_id"])
+        assert rc == 0 and body["status"] == "ACTIVE"
+        rc, body = relax_scale("engines")
+        assert rc == 0 and body["total_engines"] == 3
+        rc, body = relax_scale("in", "2", "--dry-run")
+        assert rc == 0 and body["status"] == "DRY_RUN" and body["engine_ids"] == ["rollout-2"] and len(pool.reps) == 3
+        rc, body = relax_scale("in", "2", "--wait")
+        assert rc == 0 and body["status"] == "COMPLETED" and len(pool.reps) == 2
+        rc, body = relax_scale("status", body["request_id"])  # a scale-in id is found too
+        assert rc == 0 and body["kind"] == "scale_in"
+        rc, text = relax_scale("metrics")
+        assert rc == 0 and "relax_rollout_replicas 2" in text
+        rc, text = relax_scale("in", "1")  # initial replicas stay: HTTP 400, exit 1
+        assert rc == 1 and "HTTP 400" in text
+        pool.hold["health"] = threading.Event()
+        rc, op = relax_scale("out", "3")
+        assert rc == 0 and op["status"] in ("PENDING", "CREATING", "HEALTH_CHECKING")
+        rc, text = relax_scale("out", "4")
+        assert rc == 1 and "HTTP 409" in text
+        rc, body = relax_scale("cancel", op["request_id"])
+        assert rc == 0
+        pool.hold["health"].set()
+        manager.wait(10)
+        assert manager.get(op["request_id"]).status == "CANCELLED"
+        # The token is what authorises: a wrong one is refused (401), a missing run dir is named.
+        rc, text = relax_scale("--url", server.url, "--token", "wrong", "engines", run_dir=None)
+        assert rc == 1 and "HTTP 401" in text
+        with pytest.raises(SystemExit, match="api.json not found"):
+            relax_scale("engines", run_dir=tmp_path / "nowhere")
+    finally:
+        server.stop()

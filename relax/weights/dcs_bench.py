@@ -1,6 +1,7 @@
 """Benchmark: DCS weight-sync bandwidth against the raw loopback bandwidth of the same collective.
 
     .venv/bin/python -m relax.weights.dcs_bench --mb 256 --bucket-mb 16 64 256 --repeat 5
+    .venv/bin/python -m relax.weights.dcs_bench --mb 1.6 --bucket-mb 64 --groups reused fresh   # the tiny model
 
 raw: two plain processes, one gloo `broadcast` of the whole payload into a warm buffer (the ceiling).
 dcs: a Ray session with the coordinator; a publisher actor publishes a synthetic model of `--mb` MB
@@ -10,6 +11,9 @@ dcs: a Ray session with the coordinator; a publisher actor publishes a synthetic
 copy into the staging + announce). Effective bandwidth = payload bytes / seconds, from the best of the repeats
 (the machine is shared: the best run is the closest to what the code can do; medians are in the JSON too);
 the raw broadcast is measured before and after the DCS runs and its best is the reference.
+`--groups reused fresh`: the DCS with one process group per pair reused across versions (the default) and
+with a new group per transfer (`dcs.reuse_groups: false`), side by side; the first transfer of each setting
+(which makes the reused group) is left out of both.
 `disk`: the same weights saved with torch.save and loaded back into the receiver's parameters (torch.load +
 copy), from the page cache (`warm`) and after evicting the file's pages with posix_fadvise (`cold`).
 Writes JSON to `--out` (default results/dcs_bench/<time>.json).
@@ -100,7 +104,7 @@ def disk_reload(total_bytes: int, n: int, repeat: int, folder: Path) -> dict:
     return out
 
 
-def dcs_bench(total_bytes: int, n: int, bucket_mb: float, repeat: int) -> dict:
+def dcs_bench(total_bytes: int, n: int, bucket_mb: float, repeat: int, reuse: bool = True) -> dict:
     import ray
 
     from relax.weights.dcs import DCS
@@ -137,7 +141,7 @@ def dcs_bench(total_bytes: int, n: int, bucket_mb: float, repeat: int) -> dict:
             self.dcs.sync(self.version, self.load, min_version=version)
             return time.perf_counter() - t0, self.dcs.last_transfer
 
-    dcs = DCS.start("gloo", bucket_mb=bucket_mb, timeout_s=120)
+    dcs = DCS.start("gloo", bucket_mb=bucket_mb, timeout_s=120, reuse_groups=reuse)
     try:
         pub, rec = Publisher.remote(dcs), Receiver.remote(dcs)
         rows = []
@@ -158,6 +162,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tensors", type=int, default=32)
     ap.add_argument("--bucket-mb", type=float, nargs="+", default=[16, 64, 256])
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--groups", nargs="+", choices=["reused", "fresh"], default=["reused"],
+                    help="process groups reused per pair (default) and/or made per transfer")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     nbytes = int(args.mb * 2**20)
@@ -178,8 +184,10 @@ def main(argv=None) -> int:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     ray.init(num_cpus=4, include_dashboard=False, _temp_dir=tmp, logging_level="WARNING")
     try:
-        for bmb in args.bucket_mb:
-            result["dcs"].append({"bucket_mb": bmb, "all": dcs_bench(nbytes, args.tensors, bmb, args.repeat)})
+        for groups in args.groups:
+            for bmb in args.bucket_mb:
+                rows = dcs_bench(nbytes, args.tensors, bmb, args.repeat, reuse=groups == "reused")
+                result["dcs"].append({"bucket_mb": bmb, "groups": groups, "all": rows})
     finally:
         ray.shutdown()
         shutil.rmtree(tmp, ignore_errors=True)
@@ -196,9 +204,10 @@ def main(argv=None) -> int:
         entry.update({"best": best, "median": med, "transfer_gb_per_s": nbytes / best["transfer_s"] / 1e9,
                       "sync_gb_per_s": nbytes / best["sync_s"] / 1e9, "transfer_vs_raw": raw_s / best["transfer_s"],
                       "sync_vs_raw": raw_s / best["sync_s"]})
-        print(f"dcs bucket {entry['bucket_mb']:>6g} MB: transfer {entry['transfer_gb_per_s']:.2f} GB/s "
+        print(f"dcs bucket {entry['bucket_mb']:>6g} MB, {entry['groups']} groups: transfer {entry['transfer_gb_per_s']:.2f} GB/s "
               f"({100 * entry['transfer_vs_raw']:.0f}% of raw), sync incl. load {entry['sync_gb_per_s']:.2f} GB/s "
-              f"({100 * entry['sync_vs_raw']:.0f}%), publisher stall {1000 * best['publish_s']:.0f} ms; "
+              f"({100 * entry['sync_vs_raw']:.0f}%), transfer {1000 * best['transfer_s']:.1f} ms, "
+              f"publisher stall {1000 * best['publish_s']:.0f} ms; "
               f"sync {best['sync_s']:.3f} s vs disk reload {result['disk_reload']['cold']['median_s']:.3f} s cold")
     result["load_avg_1m_after"] = round(os.getloadavg()[0], 2)
     out = Path(args.out or f"results/dcs_bench/{time.strftime('%Y%m%d-%H%M%S')}.json")
