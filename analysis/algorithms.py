@@ -1,8 +1,9 @@
 """Algorithm comparison study: the same task, model, warm-up and RL settings, one policy loss / estimator changed.
 
-`python -m analysis.algorithms [--config experiments/async/cpu.yaml] [--steps N] [--only grpo gspo ...]
+`python -m analysis.algorithms [--config experiments/async/cpu.yaml] [--steps 30] [--only grpo gspo ...]
 [--out results] [key=value ...]` runs `relax run CONFIG --steps N <overrides>` for each algorithm in ALGORITHMS, one after the
-other (the warm-up is cached by config hash, so every run starts RL from the same weights), and writes
+other (the warm-up is cached by config hash, so every run starts RL from the same weights), all with COMMON
+overrides (a 16-prompt RL pool, the learning rate) and `--steps` (default STEPS), and writes
 `<out>/algorithms/algorithms.json` (per algorithm: overrides, run folder, reward start/end, held-out eval,
 host load) beside the runs under `<out>/algorithms/runs/`.
 
@@ -10,7 +11,7 @@ host load) beside the runs under `<out>/algorithms/runs/`.
 raw and smoothed, per algorithm; held-out eval before and after RL) and `algorithms.{md,csv}`.
 
 Reward start/end: the mean training reward of the first START_STEPS steps (rollouts of the warm-up weights and
-the first updates) and of the last END_STEPS steps. Held-out: summary.json's eval_reward_* (sampled at the
+the first updates) and of the last END_STEPS steps, on the 16-prompt RL pool. Held-out (prompts RL never saw): summary.json's eval_reward_* (sampled at the
 rollout temperature, 4 per prompt) and eval_accuracy_* (greedy), on the task's eval split.
 """
 
@@ -31,6 +32,12 @@ ALGORITHMS: dict[str, tuple[str, list[str]]] = {
     "opd": ("OPD (teacher reverse KL + task reward)", ["algorithm.policy_loss=opd"]),
     "ppo_critic": ("PPO + Critic (GAE)", ["algorithm.advantage=gae"]),
 }
+# Every run: 30 steps, the rollout cycling through a pool of 16 training prompts at learning rate 1e-4 (the recipe of
+# tests/test_e2e.py::test_reward_rises_from_warmup_start), so that a short run moves the reward measurably. Tried
+# first: the whole task at 5e-5 (GRPO, 40 steps: training reward 0.53 -> 0.53) and at 5e-4 (GRPO, 30 steps: the
+# reward fell to 0.26 at step 2, greedy held-out accuracy 0.95 -> 0.61).
+COMMON = ["task.rl_pool=16", "training.lr=0.0001"]
+STEPS = 30
 COLORS = {"grpo": "#d62728", "gspo": "#1f77b4", "sapo": "#2ca02c", "opd": "#9467bd", "ppo_critic": "#ff7f0e"}
 RESULTS_FILE = "algorithms.json"
 START_STEPS, END_STEPS, SMOOTH = 4, 10, 8
@@ -49,7 +56,7 @@ def reward_window(rewards: list[float]) -> tuple[float, float]:
     return sum(head) / len(head), sum(tail) / len(tail)
 
 
-def run_study(config: str, steps: int | None, names: list[str], out: Path, extra: list[str] = ()) -> Path:
+def run_study(config: str, steps: int, names: list[str], out: Path, extra: list[str] = ()) -> Path:
     from relax.config import load_config
     from relax.controller import run_experiment
 
@@ -58,10 +65,10 @@ def run_study(config: str, steps: int | None, names: list[str], out: Path, extra
     path = root / RESULTS_FILE
     results = json.loads(path.read_text()) if path.exists() else {}
     results.setdefault("algorithms", {})
-    results.update(config=config, steps=steps, extra_overrides=list(extra))
+    results.update(config=config, steps=steps, common_overrides=[*COMMON, *extra])
     for name in names:
         label, overrides = ALGORITHMS[name]
-        cfg = load_config(config, [f"profile=cpu-{name}", *extra, *overrides] + ([f"steps={steps}"] if steps else []))
+        cfg = load_config(config, [f"profile=cpu-{name}", *COMMON, *extra, *overrides, f"steps={steps}"])
         before, t0 = _load(), time.time()
         print(f"[algorithms] {name}: relax run {config} {' '.join(overrides)} --steps {cfg.steps}", flush=True)
         run_dir, summary = run_experiment(cfg, out=root / "runs", progress=False)
@@ -83,7 +90,7 @@ def run_study(config: str, steps: int | None, names: list[str], out: Path, extra
 
 # --- drawing -------------------------------------------------------------------------------------------------
 NOTE = ("Measured: tiny Qwen3 (char tokenizer, SFT warm-up) on 1-digit +/- arithmetic, relax async off-policy "
-        "(experiments/async/cpu.yaml), one run per algorithm from the same warm-up weights and seed, on a 2-core "
+        "(experiments/async/cpu.yaml; RL on a pool of 16 training prompts, learning rate 1e-4), one run per algorithm from the same warm-up weights and seed, on a 2-core "
         "CPU shared with other jobs (1-min load average per run in the table). Training reward is the mean of each "
         "step's {rows} samples (first {s} vs last {e} steps); held-out: {n} eval prompts, sampled at temperature 1 "
         "(4 each) and greedy. One seed each: differences of a few points are within run-to-run noise. The paper "
@@ -94,7 +101,7 @@ def algorithm_rows(results: dict) -> list[dict]:
     rows = []
     for name, r in results.get("algorithms", {}).items():
         rows.append({
-            "algorithm": name, "overrides": " ".join(r["overrides"]) or "(config as is)", "steps": r["steps"],
+            "algorithm": name, "overrides": " ".join(r["overrides"]) or "(none)", "steps": r["steps"],
             "reward_start": r["reward_start"], "reward_end": r["reward_end"],
             "reward_gain": round(r["reward_end"] - r["reward_start"], 4),
             "eval_reward_start": round(r["eval_reward_start"], 4), "eval_reward_end": round(r["eval_reward_end"], 4),
@@ -177,7 +184,7 @@ def draw_algorithms(results_root: Path, figures_dir: Path, tables_dir: Path) -> 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default="experiments/async/cpu.yaml")
-    p.add_argument("--steps", type=int, default=None, help="steps of each run (default: the config's)")
+    p.add_argument("--steps", type=int, default=STEPS, help=f"steps of each run (default {STEPS})")
     p.add_argument("--only", nargs="+", choices=list(ALGORITHMS), default=list(ALGORITHMS))
     p.add_argument("--out", type=Path, default=Path("results"))
     p.add_argument("overrides", nargs="*", help="dotted key=value overrides applied to every run (before its own)")

@@ -37,3 +37,49 @@ def greedy_accuracy(cfg: ExperimentConfig, state: dict[str, torch.Tensor]) -> fl
 
 def sampled_reward(cfg: ExperimentConfig, state: dict[str, torch.Tensor], samples: int = 4) -> float:
     return accuracy(cfg, state, temperature=cfg.rollout.temperature, samples=samples)
+
+
+def evaluate_run(run_dir, sampled: bool = False, eval_size: int | None = None) -> dict:
+    """Held-out eval of a finished run: the warm-up start (`warmup_state` of its config) and its final weights
+    (`final_weights.safetensors`), greedy (and, with `sampled`, at the rollout temperature), with the keys the
+    controller writes into summary.json. For a run whose in-run eval was skipped or cut short."""
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    from relax.config import load_config
+    from relax.export import FINAL_WEIGHTS
+    from relax.models.warmup import warmup_state
+
+    run_dir = Path(run_dir)
+    cfg = load_config(run_dir / "config.yaml", [f"task.eval_size={eval_size}"] if eval_size else [])
+    start, final = warmup_state(cfg, progress=False), load_file(str(run_dir / FINAL_WEIGHTS))
+    out = {"eval_size": cfg.task.eval_size, "eval_accuracy_start": greedy_accuracy(cfg, start),
+           "eval_accuracy_end": greedy_accuracy(cfg, final)}
+    if sampled:
+        out.update(eval_reward_start=sampled_reward(cfg, start), eval_reward_end=sampled_reward(cfg, final))
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+    import json
+    import time
+    from pathlib import Path
+
+    ap = argparse.ArgumentParser(description="`python -m relax.evaluate RUN_DIR`: held-out accuracy of a run's "
+                                             "warm-up start and final weights; writes RUN_DIR/eval.json")
+    ap.add_argument("run_dir", type=Path)
+    ap.add_argument("--sampled", action="store_true", help="also the sampled reward (4 samples per prompt)")
+    ap.add_argument("--eval-size", type=int, default=None, help="eval prompts (default: the run's task.eval_size)")
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    t0 = time.time()
+    res = {**evaluate_run(args.run_dir, args.sampled, args.eval_size), "seconds": round(time.time() - t0, 1)}
+    (args.run_dir / "eval.json").write_text(json.dumps(res, indent=2))
+    print(json.dumps(res))
+
+
+if __name__ == "__main__":
+    main()
