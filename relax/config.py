@@ -132,8 +132,62 @@ class RolloutConfig(Strict):
     chunk_groups: int = Field(2, ge=1)
 
 
+class ParallelConfig(Strict):
+    """Megatron-Core model parallelism of one trainer group (relax/trainers/megatron/). The data-parallel size is
+    the role's GPUs / (tensor x pipeline x context); experts are split over `expert` ranks, each expert over
+    `expert_tensor` ranks (None: Megatron's default, = tensor)."""
+
+    tensor: int = Field(1, ge=1)
+    pipeline: int = Field(1, ge=1)
+    context: int = Field(1, ge=1)
+    expert: int = Field(1, ge=1)
+    expert_tensor: int | None = Field(None, ge=1)
+    sequence_parallel: bool = False
+
+    @property
+    def model_parallel(self) -> int:
+        return self.tensor * self.pipeline * self.context
+
+    @property
+    def etp(self) -> int:
+        return self.tensor if self.expert_tensor is None else self.expert_tensor
+
+    def problems(self, gpus: int, *, heads: int | None = None, kv_heads: int | None = None,
+                 layers: int | None = None, experts: int | None = None) -> list[str]:
+        """What keeps this layout from running on `gpus` GPUs (0: one CPU process) for a model of these shapes
+        (None: unknown here). Empty when it fits."""
+        out, world = [], max(int(gpus), 1)
+        if world % self.model_parallel:
+            out.append(f"tensor x pipeline x context = {self.tensor} x {self.pipeline} x {self.context} does not "
+                       f"divide the role's {world} GPU(s)")
+        if self.sequence_parallel and self.tensor == 1:
+            out.append("sequence_parallel needs tensor > 1")
+        if world % (self.expert * self.etp * self.pipeline):
+            out.append(f"expert x expert_tensor x pipeline = {self.expert} x {self.etp} x {self.pipeline} does not "
+                       f"divide the role's {world} GPU(s)")
+        if self.expert_tensor not in (None, 1, self.tensor):
+            out.append(f"expert_tensor must be 1 or tensor ({self.tensor})")
+        if experts is not None:
+            if experts == 0 and self.expert > 1:
+                out.append("expert > 1 needs a MoE model")
+            elif experts and experts % self.expert:
+                out.append(f"expert={self.expert} does not divide num_experts={experts}")
+        if kv_heads is not None and kv_heads % self.tensor:
+            out.append(f"tensor={self.tensor} does not divide num_kv_heads={kv_heads}")
+        if heads is not None and heads % self.tensor:
+            out.append(f"tensor={self.tensor} does not divide num_heads={heads}")
+        if layers is not None and layers % self.pipeline:
+            out.append(f"pipeline={self.pipeline} does not divide num_layers={layers}")
+        return out
+
+
 class TrainingConfig(Strict):
+    # torch: the CPU trainer over a transformers model (one process). megatron: Megatron-Core GPTModel with
+    # `parallel` (relax/trainers/megatron/); its forward-only roles (reference, actor_fwd) use `forward_parallel`
+    # (None: the same as `parallel`), as Relax's --ref-actor-config.
     trainer: Literal["torch", "megatron"] = "torch"
+    parallel: ParallelConfig = Field(default_factory=ParallelConfig)
+    forward_parallel: ParallelConfig | None = None
     lr: float = Field(1e-4, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     betas: tuple[float, float] = (0.9, 0.99)
@@ -273,6 +327,32 @@ class ExperimentConfig(Strict):
         return self
 
     @model_validator(mode="after")
+    def _check_parallel(self) -> "ExperimentConfig":
+        t = self.training
+        if t.trainer == "torch":
+            for name, p in (("parallel", t.parallel), ("forward_parallel", t.forward_parallel)):
+                if p is not None and p != ParallelConfig():
+                    raise ValueError(f"training.{name}: model parallelism needs training.trainer 'megatron'")
+            return self
+        # Shapes known here: the tiny models' fields (an hf model's shapes are checked by `relax run --dry-run`).
+        shapes = {}
+        if self.model.kind in ("tiny_qwen3", "tiny_qwen3_moe"):
+            m = self.model
+            shapes = dict(heads=m.num_heads, kv_heads=m.num_kv_heads, layers=m.num_layers,
+                          experts=m.num_experts if m.kind == "tiny_qwen3_moe" else 0)
+        for role in megatron_roles(self):
+            name = "forward_parallel" if role != "actor" and t.forward_parallel is not None else "parallel"
+            gpus = getattr(self.resources, role).gpus
+            if gpus != int(gpus):
+                raise ValueError(f"resources.{role}.gpus: a Megatron role needs whole GPUs, got {gpus}")
+            for p in getattr(t, name).problems(int(gpus), **shapes):
+                raise ValueError(f"training.{name} ({role}, {int(gpus)} GPU(s)): {p}")
+        if t.parallel.context > 1 and self.algorithm.loss_agg != "token-mean":
+            raise ValueError("training.parallel.context > 1 needs algorithm.loss_agg 'token-mean' "
+                             "(per-sequence means would span context-parallel ranks)")
+        return self
+
+    @model_validator(mode="after")
     def _check_moe(self) -> "ExperimentConfig":
         if self.moe.r3 and self.model.kind not in ("tiny_qwen3_moe", "hf"):
             raise ValueError(f"moe.r3: routing replay needs an MoE model (model.kind '{self.model.kind}' is dense)")
@@ -281,6 +361,27 @@ class ExperimentConfig(Strict):
     @property
     def rows_per_step(self) -> int:
         return self.rollout.prompts_per_step * self.rollout.group_size
+
+
+def megatron_roles(cfg: "ExperimentConfig") -> list[str]:
+    """The roles that run the Megatron trainer or its forward when training.trainer is megatron: the Actor, the
+    Reference (when kl_coef > 0), ActorFwd (when it has resources) and the Critic (gae)."""
+    if cfg.training.trainer != "megatron":
+        return []
+    roles = ["actor"]
+    if cfg.algorithm.kl_coef > 0:
+        roles.append("reference")
+    r = cfg.resources.actor_fwd
+    if r.cpus > 0 or r.gpus > 0:
+        roles.append("actor_fwd")
+    if cfg.algorithm.advantage == "gae":
+        roles.append("critic")
+    return roles
+
+
+def role_parallel(cfg: "ExperimentConfig", role: str) -> ParallelConfig:
+    t = cfg.training
+    return t.forward_parallel if role != "actor" and t.forward_parallel is not None else t.parallel
 
 
 class ConfigError(ValueError):

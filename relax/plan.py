@@ -4,11 +4,10 @@ The plan names every role, its backend (megatron / sglang / torch / CPU), its Ra
 (bundles), the Megatron parallel layout of each Megatron role (TP / PP / CP / EP / expert TP, data parallel size,
 checked against the model's shapes), and the SGLang launch command of every rollout replica.
 
-The experiment schema has no Megatron parallel fields yet, so the layout is derived: TP 2 with sequence
-parallelism, PP 1, CP 1 for dense models, plus EP 8 (expert TP 1) for MoE, as in redai-infra/Relax's Qwen3
-scripts (run-qwen3-4B-16xgpu.sh, run-qwen3-30B-A3B-*.sh); a role with fewer GPUs shrinks TP / EP to fit.
-`resolve_plan(cfg, parallel={...})` overrides it (and `cfg.training.<tp|pp|cp|ep|etp>` wins when such fields
-exist).
+The layout of each Megatron role is `training.parallel` (the Actor) or `training.forward_parallel` (Reference,
+ActorFwd; None: the Actor's), checked against the role's GPUs and the model's shapes (the HF config when the folder
+is here, else the built-in Qwen3 table); `resolve_plan(cfg, parallel={...})` overrides it (keys tp, pp, cp, ep, etp,
+sp). The h800x16 files carry redai-infra/Relax's settings (run-qwen3-4B-16xgpu.sh, run-qwen3-30B-A3B-16xgpu-async.sh).
 """
 
 from __future__ import annotations
@@ -69,28 +68,28 @@ def _res(cfg, role):
     return getattr(cfg.resources, role, None) or getattr(cfg.resources, "actor")
 
 
-def megatron_layout(cfg, gpus: int, hf: dict | None, override: dict | None = None) -> dict:
-    """TP / PP / CP / EP / expert TP / DP for one Megatron role on `gpus` GPUs, with the problems found."""
+def megatron_layout(cfg, gpus: int, hf: dict | None, override: dict | None = None, role: str = "actor") -> dict:
+    """TP / PP / CP / EP / expert TP / DP / SP for one Megatron role on `gpus` GPUs (from the config), with the
+    problems found against the role's GPUs and the model's shapes."""
+    from relax.config import role_parallel
+
     moe = bool(hf and (hf.get("num_experts") or hf.get("num_local_experts")))
-    lay = {"tp": 2, "pp": 1, "cp": 1, "ep": 8 if moe else 1, "etp": 1}
-    for k in lay:
-        v = getattr(cfg.training, k, None)
-        if v is not None:
-            lay[k] = int(v)
+    p = role_parallel(cfg, role)
+    lay = {"tp": p.tensor, "pp": p.pipeline, "cp": p.context, "ep": p.expert, "etp": p.etp,
+           "sp": p.sequence_parallel}
     lay.update(override or {})
-    problems = []
-    while lay["tp"] > 1 and gpus % (lay["tp"] * lay["pp"] * lay["cp"]):
-        lay["tp"] //= 2
-    model_par = lay["tp"] * lay["pp"] * lay["cp"]
-    if gpus < 1 or gpus % model_par:
-        problems.append(f"{gpus} GPUs cannot hold TP {lay['tp']} x PP {lay['pp']} x CP {lay['cp']}")
-    dp = max(gpus // model_par, 1)
-    if moe:
-        experts = hf.get("num_experts") or hf.get("num_local_experts")
-        while lay["ep"] > 1 and ((dp * lay["tp"] * lay["cp"]) % (lay["ep"] * lay["etp"]) or experts % lay["ep"]):
-            lay["ep"] //= 2
-    else:
-        lay["ep"], lay["etp"] = 1, 1
+    from relax.config import ParallelConfig
+
+    pc = ParallelConfig(tensor=lay["tp"], pipeline=lay["pp"], context=lay["cp"], expert=lay["ep"],
+                        expert_tensor=lay["etp"], sequence_parallel=lay["sp"])
+    shapes = {}
+    if hf:
+        shapes = dict(heads=hf.get("num_attention_heads"), kv_heads=hf.get("num_key_value_heads"),
+                      layers=hf.get("num_hidden_layers"),
+                      experts=int(hf.get("num_experts") or hf.get("num_local_experts") or 0))
+    problems = pc.problems(gpus, **shapes)
+    if gpus < 1:
+        problems.append("a Megatron role needs GPUs (0 GPUs: one CPU process, tests only)")
     if hf:
         from relax.trainers.megatron.convert import Parallel, QwenLayout
 
@@ -99,8 +98,14 @@ def megatron_layout(cfg, gpus: int, hf: dict | None, override: dict | None = Non
                 QwenLayout.from_hf_config(hf, tp=lay["tp"]))
         except ValueError as e:
             problems.append(str(e))
-    return {**lay, "dp": dp, "sequence_parallel": lay["tp"] > 1, "moe": moe,
-            "expert_layout": "te_grouped" if moe else None, "problems": problems}
+    dp = max(gpus, 1) // pc.model_parallel if max(gpus, 1) % pc.model_parallel == 0 else None
+    # Megatron's expert-data-parallel size: world / (EP x expert TP x PP)
+    edp = max(gpus, 1) // (lay["ep"] * lay["etp"] * lay["pp"]) if moe else None
+    return {"tp": lay["tp"], "pp": lay["pp"], "cp": lay["cp"], "ep": lay["ep"], "etp": lay["etp"], "dp": dp,
+            "expert_dp": edp, "sequence_parallel": bool(lay["sp"]), "moe": moe,
+            "expert_layout": "te_grouped" if moe else None, "source": "override" if override else (
+                "training.forward_parallel" if role != "actor" and cfg.training.forward_parallel is not None
+                else "training.parallel"), "problems": sorted(set(problems), key=problems.index)}
 
 
 def resolve_plan(cfg, *, parallel: dict | None = None, gpus_per_node: int = GPUS_PER_NODE, base_port: int = 30000) -> dict:
@@ -165,7 +170,7 @@ def resolve_plan(cfg, *, parallel: dict | None = None, gpus_per_node: int = GPUS
                                                  "shared_by": [role]})
         plan["roles"].append(entry)
         if backend == "megatron":
-            lay = megatron_layout(cfg, int(res.gpus), hf, parallel)
+            lay = megatron_layout(cfg, int(res.gpus), hf, parallel, role=role)
             lay["forward_only"] = role != "actor"
             lay["micro_batch_tokens"] = cfg.training.micro_batch_tokens
             problems += [f"{role}: {p}" for p in lay["problems"]]

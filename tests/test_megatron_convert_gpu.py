@@ -71,7 +71,7 @@ ours = tr.log_probs(prompts, responses, 4096)
 ref = compute_log_probs(hf, tok.pad_token_id, prompts, responses, T, 4096)
 err0 = max(float((a - b).abs().max()) for a, b in zip(ours, ref))
 mb = {"prompt_ids": prompts, "response_ids": responses, "old_log_probs": [r.clone() for r in ours],
-      "rollout_log_probs": [r.clone() for r in ours], "advantages": [torch.ones(len(r)), -torch.ones(len(r))]}
+      "rollout_log_probs": [r.clone() for r in ours], "advantages": [torch.ones(len(responses[0])), -torch.ones(len(responses[1]))]}
 scale = LossScale(total_tokens=sum(len(r) for r in responses), total_seqs=2)
 losses = []
 for _ in range(3):

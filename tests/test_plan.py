@@ -40,13 +40,32 @@ def test_colocate_plan_shares_one_placement_group():
     assert plan["megatron"]["actor"]["dp"] == 8
 
 
-def test_moe_plan_uses_expert_parallelism_and_routed_experts():
-    cfg = load_config("experiments/async/h800x16.yaml", ["model.path=/models/Qwen3-30B-A3B"])
-    plan = resolve_plan(cfg)
+def test_moe_plan_uses_the_configured_expert_parallelism_and_routed_experts():
+    """r3_moe/h800x16: Relax's 30B-A3B async layout (actor TP 4 x PP 2, EP 4; reference/actor_fwd TP 2, EP 2)."""
+    plan = resolve_plan(load_config("experiments/r3_moe/h800x16.yaml"))
     assert plan["problems"] == [] and plan["model"]["moe"]
-    assert plan["megatron"]["actor"]["ep"] == 8 and plan["megatron"]["actor"]["etp"] == 1
-    assert plan["megatron"]["reference"]["ep"] == 2  # 2 GPUs: EP shrinks to fit TP x DP
-    assert all("--enable-return-routed-experts" in c["command"] for c in plan["rollout"]["commands"])
+    a, r = plan["megatron"]["actor"], plan["megatron"]["reference"]
+    assert (a["tp"], a["pp"], a["cp"], a["ep"], a["etp"], a["dp"], a["expert_dp"]) == (4, 2, 1, 4, 1, 1, 1)
+    assert a["sequence_parallel"] and a["source"] == "training.parallel"
+    assert (r["tp"], r["pp"], r["ep"], r["dp"], r["sequence_parallel"]) == (2, 1, 2, 1, False)
+    assert r["source"] == plan["megatron"]["actor_fwd"]["source"] == "training.forward_parallel"
+    (cmd,) = plan["rollout"]["commands"]
+    assert "--tp-size 4" in cmd["command"] and "--enable-return-routed-experts" in cmd["command"]
+
+
+def test_a_dense_layout_on_a_moe_model_is_valid_and_expert_parallel_on_a_dense_model_is_not():
+    plan = resolve_plan(load_config("experiments/async/h800x16.yaml", ["model.path=/models/Qwen3-30B-A3B"]))
+    assert plan["problems"] == [] and plan["model"]["moe"] and plan["megatron"]["actor"]["ep"] == 1
+    plan = resolve_plan(load_config("experiments/async/h800x16.yaml", ["training.parallel.expert=2"]))
+    assert any("expert > 1 needs a MoE model" in p for p in plan["problems"])
+
+
+def test_model_shapes_the_config_cannot_see_are_checked_by_the_plan():
+    # Qwen3-30B-A3B has 4 KV heads: TP 8 fits the 8 actor GPUs but not the attention.
+    cfg = load_config("experiments/r3_moe/h800x16.yaml", ["training.parallel.tensor=8", "training.parallel.pipeline=1",
+                                                          "training.parallel.expert=8"])
+    plan = resolve_plan(cfg)
+    assert any(p.startswith("actor:") and "num_kv_heads=4" in p for p in plan["problems"]), plan["problems"]
 
 
 def test_a_layout_that_does_not_fit_the_model_is_reported(tmp_path):

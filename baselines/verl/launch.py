@@ -64,7 +64,9 @@ def _common(cfg: ExperimentConfig, files_dir: Path) -> dict:
         "actor_rollout_ref.actor.ppo_mini_batch_size": r.prompts_per_step,
         "actor_rollout_ref.actor.use_dynamic_bsz": True,
         "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": t.micro_batch_tokens,
-        "actor_rollout_ref.actor.megatron.tensor_model_parallel_size": TRAIN_TP,
+        # training.parallel.tensor when the config trains with Megatron (the h800x16 files: 2), else Relax's TP 2
+        "actor_rollout_ref.actor.megatron.tensor_model_parallel_size":
+            t.parallel.tensor if t.trainer == "megatron" else TRAIN_TP,
         "actor_rollout_ref.actor.optim.lr": t.lr,
         "actor_rollout_ref.actor.optim.weight_decay": t.weight_decay,
         "actor_rollout_ref.actor.optim.betas": list(t.betas),

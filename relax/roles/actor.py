@@ -18,7 +18,7 @@ from relax.bus import StreamingLoader
 from relax.models import state_dict_cpu
 from relax.moe.fields import r3_fields
 from relax.roles.base import ModelRole
-from relax.trainers import TorchTrainer
+from relax.trainers import build_trainer
 from relax.weights.dcs import model_tensors
 
 def dynamic_sampling_metrics(dropped_rows: int, draws: list[int], group_size: int) -> dict:
@@ -44,7 +44,9 @@ class ActorRole(ModelRole):
         # DCS peer holds.
         self.sync_weights(min_version=0)
         self.boot.mark("weight_fetch")
-        self.trainer = TorchTrainer(self.model, self.tokenizer.pad_token_id, cfg)
+        # training.trainer: torch, or megatron (Megatron-Core GPTModel loaded from the same weights; self.model is then
+        # the transformers mirror that DCS publishes, refreshed after every step)
+        self.trainer = build_trainer(cfg, self.model, self.tokenizer.pad_token_id)
         self.telemetry = telemetry
         self.fields = TRAIN_FIELDS + (["ref_log_probs"] if cfg.algorithm.kl_coef > 0 else []) + r3_fields(cfg)
         self.fields += ["keep", "ds_attempts"] * cfg.algorithm.dynamic_sampling.enabled  # DAPO: marks, draws
@@ -143,10 +145,9 @@ class ActorRole(ModelRole):
             seqs += len(keep)
         with self.rec.span("optimizer_step", step=k):
             denom = tokens if cfg.algorithm.loss_agg == "token-mean" else seqs
-            for p in self.model.parameters():
-                if p.grad is not None:
-                    p.grad.div_(max(denom, 1))
+            self.trainer.divide_grads(max(denom, 1))
             step_metrics = self.trainer.step()
+            self.trainer.sync_hf(self.model)  # Megatron: trained shards -> the published HF model (torch: no-op)
         sync_s = (publish or self.publish)(k + 1)
         self.bus.mark_trained(k)
         self.retained.append(k)

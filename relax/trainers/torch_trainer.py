@@ -64,6 +64,16 @@ def token_log_probs(model, packed: Packed, temperature: float) -> torch.Tensor:
     return lp * packed.mask
 
 
+def build_trainer(cfg: ExperimentConfig, model, pad_id: int, role: str = "actor"):
+    """training.trainer: torch (this module) or megatron (relax/trainers/megatron/trainer.py, same interface:
+    log_probs, accumulate, divide_grads, step, sync_hf)."""
+    if cfg.training.trainer == "megatron":
+        from relax.trainers.megatron.trainer import build_megatron_trainer
+
+        return build_megatron_trainer(cfg, model, pad_id, role)
+    return TorchTrainer(model, pad_id, cfg)
+
+
 class TorchTrainer:
     def __init__(self, model, pad_id: int, cfg: ExperimentConfig):
         self.model = model.float().train()
@@ -101,6 +111,16 @@ class TorchTrainer:
         loss.backward()
         metrics["loss"] = float(loss.detach())
         return metrics
+
+    def divide_grads(self, denom: float) -> None:
+        """Divide the accumulated gradients by the step's loss denominator (applied once, after accumulation)."""
+        for p in self.model.parameters():
+            if p.grad is not None:
+                p.grad.div_(denom)
+
+    def sync_hf(self, model) -> int:
+        """The trained model is the transformers model itself: nothing to copy."""
+        return 0
 
     def step(self) -> dict[str, float]:
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.training.grad_clip)

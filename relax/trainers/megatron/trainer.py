@@ -1,7 +1,9 @@
 """The Megatron-Core trainer: a GPTModel built from a Qwen3 / Qwen3-MoE Hugging Face config with TP / PP / CP / EP,
 behind the same interface as `relax.trainers.TorchTrainer` (`log_probs`, `accumulate(mb, scale)`, `step()`).
 
-Needs megatron-core and CUDA (Megatron's forward calls CUDA even for tiny models); import it only on GPU machines.
+Needs megatron-core. Megatron's code calls CUDA even for tiny models; on a CPU-only machine `init_distributed`
+installs `cpu_shim` (CUDA device arguments mapped to the CPU, gloo process groups), which runs the same megatron-core
+code on the CPU for tests: an emulation of the device, not a way to train.
 Every process of the trainer group runs this code (torchrun or Ray workers with RANK / WORLD_SIZE / MASTER_ADDR /
 MASTER_PORT set); a single process with no such variables is a world of one.
 
@@ -30,12 +32,17 @@ from relax.trainers.megatron.convert import Parallel, QwenLayout, hf_to_megatron
 from relax.trainers.torch_trainer import budget_slices
 
 
-def megatron_available() -> bool:
+def megatron_importable() -> bool:
     try:
         import megatron.core  # noqa: F401
     except Exception:  # noqa: BLE001
         return False
-    return torch.cuda.is_available()
+    return True
+
+
+def megatron_available() -> bool:
+    """megatron-core importable and a CUDA device present (the real backend)."""
+    return megatron_importable() and torch.cuda.is_available()
 
 
 def _te_available() -> bool:
@@ -47,17 +54,30 @@ def _te_available() -> bool:
 
 
 def init_distributed(par: Parallel, cp: int = 1, seed: int = 0) -> None:
-    """torch.distributed (NCCL) + Megatron's parallel state, once per process."""
+    """torch.distributed + Megatron's parallel state, once per process. NCCL on CUDA; on a CPU-only machine gloo
+    with `cpu_shim` (megatron-core's CUDA calls emulated on the CPU: a test aid, see cpu_shim.py)."""
     import torch.distributed as dist
+
+    cuda = torch.cuda.is_available()
+    if not cuda:
+        from relax.trainers.megatron import cpu_shim
+
+        cpu_shim.enable()
     from megatron.core import parallel_state as ps
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
     if not dist.is_initialized():
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", "29533")
+        if "MASTER_PORT" not in os.environ:
+            import socket
+
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                os.environ["MASTER_PORT"] = str(sock.getsockname()[1])
         rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank % max(torch.cuda.device_count(), 1))))
-        dist.init_process_group("nccl", rank=rank, world_size=world)
+        if cuda:
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank % max(torch.cuda.device_count(), 1))))
+        dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
     if not ps.model_parallel_is_initialized():
         ps.initialize_model_parallel(tensor_model_parallel_size=par.tp, pipeline_model_parallel_size=par.pp,
                                      context_parallel_size=cp, expert_model_parallel_size=par.ep,
@@ -65,7 +85,18 @@ def init_distributed(par: Parallel, cp: int = 1, seed: int = 0) -> None:
     model_parallel_cuda_manual_seed(seed)
 
 
-def transformer_config(L: QwenLayout, par: Parallel, cp: int, *, rms_eps: float = 1e-6, bf16: bool = False):
+def _patch_missing_te_gemm() -> None:
+    """megatron-core 0.16 bug: moe_utils only defines `te_general_gemm` when Transformer Engine imports, yet the
+    router's gating (RouterGatingLinearFunction) reads it unconditionally, so every MoE forward without TE raises
+    NameError. Define it as None (megatron's own torch.mm fallback)."""
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+
+
+def transformer_config(L: QwenLayout, par: Parallel, cp: int, *, rms_eps: float = 1e-6, bf16: bool = False,
+                       sequence_parallel: bool | None = None):
     from megatron.core.transformer import TransformerConfig
 
     moe = {}
@@ -81,7 +112,8 @@ def transformer_config(L: QwenLayout, par: Parallel, cp: int, *, rms_eps: float 
         activation_func=torch.nn.functional.silu, add_bias_linear=False, add_qkv_bias=False, qk_layernorm=True,
         hidden_dropout=0.0, attention_dropout=0.0, tensor_model_parallel_size=par.tp,
         pipeline_model_parallel_size=par.pp, context_parallel_size=cp, expert_model_parallel_size=par.ep,
-        expert_tensor_parallel_size=par.expert_tp, sequence_parallel=par.tp > 1, bf16=bf16,
+        expert_tensor_parallel_size=par.expert_tp,
+        sequence_parallel=par.tp > 1 if sequence_parallel is None else sequence_parallel, bf16=bf16,
         params_dtype=torch.bfloat16 if bf16 else torch.float32, pipeline_dtype=torch.bfloat16 if bf16 else torch.float32,
         attention_softmax_in_fp32=True, **moe)
 
@@ -106,12 +138,18 @@ class MegatronTrainer:
     """Same surface as TorchTrainer; holds this rank's GPTModel shard, Megatron DDP and optimizer."""
 
     def __init__(self, hf_config, hf_state: dict[str, torch.Tensor] | None, pad_id: int, cfg, *,
-                 parallel: Parallel = Parallel(), cp: int = 1, bf16: bool = False, seed: int = 0):
+                 parallel: Parallel = Parallel(), cp: int = 1, bf16: bool = False, seed: int = 0,
+                 sequence_parallel: bool | None = None):
         from megatron.core import parallel_state as ps
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from megatron.core.models.gpt import GPTModel
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
+        if getattr(getattr(cfg, "moe", None), "r3", False):
+            raise NotImplementedError("moe.r3: routing replay is implemented in the torch trainer only; the Megatron "
+                                      "trainer would need the recorded experts fed to its router")
+        if not _te_available():
+            _patch_missing_te_gemm()
         if cp > 1 and cfg.algorithm.loss_agg != "token-mean":
             raise ValueError("training.cp > 1 needs algorithm.loss_agg=token-mean (per-sequence means span CP ranks)")
         te = _te_available()
@@ -121,7 +159,8 @@ class MegatronTrainer:
         self.par, self.cp, self.cfg, self.pad_id = parallel, cp, cfg, pad_id
         init_distributed(parallel, cp, seed)
         c = hf_config if isinstance(hf_config, dict) else hf_config.to_dict()
-        self.tcfg = transformer_config(self.L, parallel, cp, rms_eps=c.get("rms_norm_eps", 1e-6), bf16=bf16)
+        self.tcfg = transformer_config(self.L, parallel, cp, rms_eps=c.get("rms_norm_eps", 1e-6), bf16=bf16,
+                                       sequence_parallel=sequence_parallel)
         if te:
             from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec as spec_fn
 
@@ -318,6 +357,19 @@ class MegatronTrainer:
         out = self._forward(self._cp_split(full), False, scale)
         return out.get("metrics", {})
 
+    def divide_grads(self, denom: float) -> None:
+        """Divide the accumulated gradients (Megatron DDP's grad buffers) by the step's loss denominator."""
+        self.model.scale_gradients(1.0 / denom)
+
+    @torch.no_grad()
+    def sync_hf(self, model) -> int:
+        """Copy the trained weights into a transformers model of the same config (what DCS publishes and
+        checkpoints); every rank must call it (the shards are gathered to rank 0, which copies)."""
+        from relax.trainers.megatron.convert import copy_hf_into_model
+
+        state = self.hf_state()
+        return copy_hf_into_model(model, state) if state is not None else 0
+
     def step(self) -> dict[str, float]:
         from megatron.core.distributed import finalize_model_grads
 
@@ -328,5 +380,23 @@ class MegatronTrainer:
         return {"grad_norm": float(grad_norm) if grad_norm is not None else float("nan"), "update_ok": bool(ok)}
 
 
-__all__ = ["MegatronTrainer", "init_distributed", "megatron_available", "transformer_config"]
+def build_megatron_trainer(cfg, model, pad_id: int, role: str = "actor") -> MegatronTrainer:
+    """The Megatron trainer of one role from the experiment config, loaded with `model`'s (transformers) weights.
+    One process: world size 1 (one GPU, or the CPU under cpu_shim when the role has no GPU). A multi-GPU group
+    (one Ray worker per GPU with RANK / WORLD_SIZE) is not built by the roles yet."""
+    from relax.config import role_parallel
+    from relax.trainers.megatron.convert import hf_state_from_model
+
+    p = role_parallel(cfg, role)
+    gpus = int(getattr(cfg.resources, role).gpus)
+    if gpus > 1 and "WORLD_SIZE" not in os.environ:
+        raise NotImplementedError(
+            f"resources.{role}.gpus={gpus}: a multi-GPU Megatron group (one worker per GPU) is not started by the "
+            f"{role} role yet; run with 1 GPU, or see `relax run --dry-run` for the planned layout")
+    return MegatronTrainer(model.config, hf_state_from_model(model), pad_id, cfg,
+                           parallel=Parallel(tp=p.tensor, pp=p.pipeline, ep=p.expert, etp=p.expert_tensor),
+                           cp=p.context, sequence_parallel=p.sequence_parallel, seed=cfg.seed)
+
+
+__all__ = ["MegatronTrainer", "build_megatron_trainer", "init_distributed", "megatron_available", "megatron_importable", "transformer_config"]
 
