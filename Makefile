@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # CPU wheel on local disk; an unpinned torch would pull a multi-GB CUDA build.
 TORCH := torch==2.13.0
 
-.PHONY: install test test-fast reproduce-fig figures clean-results
+.PHONY: install test test-fast reproduce-fig figures clean-results gpu-wheels
 
 install: $(STAMP)
 
@@ -34,3 +34,13 @@ figures: install
 
 clean-results:
 	rm -rf results/runs
+
+# Wheels for scripts/gpu_check.sh on a GPU machine without network (PyTorch preinstalled there): everything the GPU
+# tests import except torch, for this machine's Python (GPU_PIP_ARGS="--python-version 3.12 --only-binary=:all:"
+# for another). Copy wheels/ along with the repository; the script installs what its Python lacks from it.
+GPU_PIP_ARGS ?=
+gpu-wheels: install
+	$(BIN)/pip download -q -d wheels $(GPU_PIP_ARGS) --no-deps megatron-core==0.16.0
+	$(BIN)/pip download -q -d wheels $(GPU_PIP_ARGS) nvidia-ml-py==13.615.71 pytest==9.2.0 pytest-timeout==2.4.0 \
+	  transformers==5.23.0 tokenizers==0.23.3 safetensors==0.8.0 fastapi==0.165.0 uvicorn==0.54.0 httpx==0.28.1 \
+	  pydantic==2.14.3 pyyaml==6.0.4 tabulate==0.9.0 psutil==7.2.2

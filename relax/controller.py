@@ -53,12 +53,18 @@ def make_run_dir(cfg: ExperimentConfig, out: str | Path, run: str | None = None)
 
 @dataclass
 class RaySession:
-    """A private local Ray instance (own temp dir) that is always shut down."""
+    """A private local Ray instance (own temp dir) that is always shut down; or, when RAY_ADDRESS is set (a
+    cluster started with `ray start --head` / `ray start --address=HEAD:6379`, e.g. RAY_ADDRESS=auto on one of
+    its nodes), that cluster, joined as a driver and left running."""
 
     num_cpus: int
     temp_dir: str = field(default_factory=lambda: tempfile.mkdtemp(prefix="relax-ray-", dir="/tmp"))
+    address: str | None = field(default_factory=lambda: os.environ.get("RAY_ADDRESS") or None)
 
     def __enter__(self):
+        if self.address:
+            ray.init(address=self.address, logging_level=logging.WARNING, log_to_driver=True)
+            return self
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # no token written under ~/.ray for a local run
         ray.init(num_cpus=self.num_cpus, include_dashboard=False, _temp_dir=self.temp_dir,
                  logging_level=logging.WARNING, log_to_driver=True)

@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
 # GPU checks for the cluster backends, on one GPU machine with PyTorch preinstalled and no network.
-#   bash scripts/gpu_check.sh            (PY=/path/to/python to choose the interpreter)
-# Runs `pytest -m gpu` under a 7.5-minute budget and prints a summary:
+#   bash scripts/gpu_check.sh            (PY=/path/to/python chooses the interpreter)
+# Runs the GPU tests under a 7.5-minute budget and prints a summary:
+#   tests/test_megatron_convert_gpu.py (pytest -m gpu):
 #   - CUDA weights -> HF names -> a CPU model (always, with CUDA)
-#   - Megatron trainer step on tiny Qwen3 dense + MoE, and the single-GPU weight update path (trainer CUDA shard ->
-#     HF tensors -> our torch engine server -> same log-probs), when megatron-core is importable
+#   - Megatron trainer step on tiny Qwen3 dense + MoE (log-probs equal transformers', a GRPO step moves them the
+#     right way) and the single-GPU weight update path (trainer CUDA shard -> HF tensors -> our torch engine server
+#     -> the same log-probs), when megatron-core is importable
+#   - NVML device / process figures, when nvidia-ml-py is importable
 #   - a real SGLang server on the GPU driven by our client (generate, pause, flush, update, continue), when sglang
 #     is importable
-# Relax's own Python dependencies (transformers, fastapi, uvicorn, httpx, safetensors, pydantic, pyyaml, tabulate,
-# psutil) must be importable; the script says which are missing instead of trying the network.
+#   tests/test_gpu_metrics.py (NVML parsing and the CPU fallback; no GPU needed)
+# Python packages the machine lacks are installed from a local wheel folder, never from the network: WHEELS=DIR,
+# default ./wheels (`make gpu-wheels` fills it on a machine with network; copy it along with the repository). They
+# go into a temporary --target folder on PYTHONPATH, so the machine's Python is left as it was.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -19,45 +24,65 @@ if [[ -z "${PY:-}" ]]; then
     PY=python3
   fi
 fi
-export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 RAY_AUTH_MODE=disabled
-export TOKENIZERS_PARALLELISM=false
 OUT=$(mktemp -d)
+WHEELS=${WHEELS:-$ROOT/wheels}
+export PYTHONPATH="$ROOT:$OUT/site${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+export RAY_AUTH_MODE=disabled TOKENIZERS_PARALLELISM=false PIP_NO_INDEX=1 PYTHONWARNINGS=ignore
 T0=$(date +%s)
 echo "== relax gpu_check: $(date -u +%FT%TZ) python=$PY"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo "nvidia-smi: not found"
-"$PY" - <<'PYEOF' | tee "$OUT/env.txt"
+
+probe() {  # module -> "yes"/"MISSING", one line each, plus torch's view of CUDA
+  "$PY" - <<'PYEOF'
 import importlib.util as u
 import torch
 print(f"torch {torch.__version__}, cuda available: {torch.cuda.is_available()}, devices: {torch.cuda.device_count()}")
-for m in ["pytest_timeout", "transformers", "fastapi", "uvicorn", "httpx", "safetensors", "pydantic", "yaml", "tabulate", "psutil",
-          "pytest", "megatron.core", "transformer_engine", "sglang", "pynvml"]:
+for m in ["pytest", "pytest_timeout", "transformers", "tokenizers", "fastapi", "uvicorn", "httpx", "safetensors",
+          "pydantic", "yaml", "tabulate", "psutil", "megatron.core", "pynvml", "transformer_engine", "sglang"]:
     try:
         ok = u.find_spec(m) is not None
     except ModuleNotFoundError:
         ok = False
     print(f"  {m:18s} {'yes' if ok else 'MISSING'}")
 PYEOF
-if [[ ${PIPESTATUS[0]} -ne 0 ]]; then
-  echo "RESULT: $PY cannot import torch"; exit 3
-fi
+}
+probe > "$OUT/env.txt" || { cat "$OUT/env.txt"; echo "RESULT: $PY cannot import torch"; exit 3; }
 if grep -q "cuda available: False" "$OUT/env.txt" && [[ -z "${RELAX_GPU_CHECK_ALLOW_CPU:-}" ]]; then
-  echo "RESULT: no CUDA device visible; nothing to check (RELAX_GPU_CHECK_ALLOW_CPU=1 runs the suite anyway: all skip)"
+  cat "$OUT/env.txt"
+  echo "RESULT: no CUDA device visible; nothing to check (RELAX_GPU_CHECK_ALLOW_CPU=1 runs the suite anyway: GPU tests skip)"
   exit 2
 fi
-missing=$(grep -E "^  (transformers|fastapi|uvicorn|httpx|safetensors|pydantic|yaml|tabulate|psutil|pytest) +MISSING" "$OUT/env.txt" || true)
+# module name -> pip requirement (pinned as in pyproject.toml)
+declare -A REQ=([pytest]=pytest==9.2.0 [pytest_timeout]=pytest-timeout==2.4.0 [transformers]=transformers==5.23.0
+  [tokenizers]=tokenizers==0.23.3 [fastapi]=fastapi==0.165.0 [uvicorn]=uvicorn==0.54.0 [httpx]=httpx==0.28.1
+  [safetensors]=safetensors==0.8.0 [pydantic]=pydantic==2.14.3 [yaml]=pyyaml==6.0.4 [tabulate]=tabulate==0.9.0
+  [psutil]=psutil==7.2.2 [megatron.core]=megatron-core==0.16.0 [pynvml]=nvidia-ml-py==13.615.71)
+want=()
+for m in "${!REQ[@]}"; do grep -qE "^  $m +MISSING" "$OUT/env.txt" && want+=("${REQ[$m]}"); done
+if [[ ${#want[@]} -gt 0 && -d "$WHEELS" ]]; then
+  echo "installing from $WHEELS into $OUT/site: ${want[*]}"
+  # megatron-core declares torch>=2.6: installed without dependencies so the machine's torch is used as it is
+  nodeps=(); deps=()
+  for r in "${want[@]}"; do [[ $r == megatron-core* ]] && nodeps+=("$r") || deps+=("$r"); done
+  [[ ${#nodeps[@]} -gt 0 ]] && "$PY" -m pip install -q --no-index --find-links "$WHEELS" --target "$OUT/site" --no-deps "${nodeps[@]}"
+  [[ ${#deps[@]} -gt 0 ]] && "$PY" -m pip install -q --no-index --find-links "$WHEELS" --target "$OUT/site" "${deps[@]}"
+  probe > "$OUT/env.txt"
+fi
+cat "$OUT/env.txt"
+missing=$(grep -E "^  (pytest|transformers|tokenizers|fastapi|uvicorn|httpx|safetensors|pydantic|yaml|tabulate|psutil) +MISSING" "$OUT/env.txt" || true)
 if [[ -n "$missing" ]]; then
-  echo "RESULT: required Python packages are missing (install them from a wheelhouse, no network here):"
+  echo "RESULT: required Python packages are missing (no network here: WHEELS=DIR with their wheels, see make gpu-wheels):"
   echo "$missing"; exit 3
 fi
 "$PY" - <<'PYEOF'
 from relax.metrics.gpu import device_metrics
 m = device_metrics()
-print("device metrics:", {k: v for k, v in m.items() if k != "gpus"})
+print("device metrics:", {k: v for k, v in m.items() if k not in ("gpus", "cpu_util_pct_per_core")})
 PYEOF
 TIMEOUT_OPT=()
 grep -qE "^  pytest_timeout +yes" "$OUT/env.txt" && TIMEOUT_OPT=(--timeout=420)
-timeout 450 "$PY" -m pytest -m gpu -p no:cacheprovider -q -rs "${TIMEOUT_OPT[@]}" \
-  --junitxml="$OUT/junit.xml" tests/test_megatron_convert_gpu.py 2>&1 | tee "$OUT/pytest.txt"
+timeout 450 "$PY" -m pytest -p no:cacheprovider -q -rs "${TIMEOUT_OPT[@]}" --junitxml="$OUT/junit.xml" \
+  tests/test_megatron_convert_gpu.py tests/test_gpu_metrics.py 2>&1 | tee "$OUT/pytest.txt"
 rc=${PIPESTATUS[0]}
 T1=$(date +%s)
 echo
@@ -68,12 +93,16 @@ try:
     root = ET.parse(sys.argv[1]).getroot()
 except Exception as e:
     print(f"no test report ({e})"); sys.exit(0)
+counts = {}
 for case in root.iter("testcase"):
     status = "passed"
     for tag in ("failure", "error", "skipped"):
         el = case.find(tag)
         if el is not None:
-            status = f"{tag}: {(el.get('message') or '')[:100]}"
-    print(f"  {case.get('name'):70s} {float(case.get('time', 0)):6.1f}s  {status}")
+            status = f"{tag}: {(el.get('message') or '')[:90]}"
+    counts[status.split(":")[0]] = counts.get(status.split(":")[0], 0) + 1
+    print(f"  {case.get('name'):64s} {float(case.get('time', 0)):6.1f}s  {status}")
+print("RESULT: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
 PYEOF
+rm -rf "$OUT/site"
 exit $rc

@@ -157,3 +157,19 @@ def test_sglang_engine_generates_and_updates_weights_on_gpu(tmp_path):
             proc.wait(30)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("pynvml") is None, reason="nvidia-ml-py not installed")
+def test_nvml_reports_the_gpu_and_a_process_holding_memory_on_it():
+    from relax.metrics.gpu import device_metrics, process_metrics, reset
+
+    reset()
+    x = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")  # 256 MiB held by this process
+    m = device_metrics()
+    assert m["device"] == "gpu" and m["gpu_count"] == torch.cuda.device_count(), m
+    g = m["gpus"][0]
+    assert g["mem_total_mb"] > 1000 and 0 <= g["util_pct"] <= 100 and g["mem_used_mb"] >= 256, g
+    p = process_metrics()
+    # per device; empty when NVML's pids are another namespace's (containers), else at least our 256 MiB
+    assert isinstance(p["gpu_mem_mb"], dict) and (not p["gpu_mem_mb"] or sum(p["gpu_mem_mb"].values()) >= 256), p
+    del x
