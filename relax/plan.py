@@ -126,7 +126,7 @@ def resolve_plan(cfg, *, parallel: dict | None = None, gpus_per_node: int = GPUS
         "model": {"kind": cfg.model.kind, "path": cfg.model.path, "config_source": source,
                   "layers": hf and hf.get("num_hidden_layers"),
                   "moe": bool(hf and (hf.get("num_experts") or hf.get("num_local_experts")))},
-        "roles": [], "placement_groups": [], "megatron": {}, "rollout": {}, "problems": problems,
+        "roles": [], "placement_groups": [], "megatron": {}, "rollout": {}, "problems": problems, "notes": [],
     }
     if colocate and gpu_roles:
         n = total
@@ -172,6 +172,12 @@ def resolve_plan(cfg, *, parallel: dict | None = None, gpus_per_node: int = GPUS
         if backend == "megatron":
             lay = megatron_layout(cfg, int(res.gpus), hf, parallel, role=role)
             lay["forward_only"] = role != "actor"
+            n = int(res.gpus)
+            lay["launch"] = (f"{n} worker(s), one per GPU bundle of {entry['placement_group'] or '-'}, env RANK=0..{n - 1} "
+                             f"WORLD_SIZE={n} MASTER_ADDR=<bundle 0 node>; torch.distributed NCCL + Megatron parallel state")
+            if n > 1:
+                plan["notes"].append(f"{role}: the {n}-GPU Megatron worker group is planned but not started by the roles "
+                                     "yet (a Megatron role runs as one process today)")
             lay["micro_batch_tokens"] = cfg.training.micro_batch_tokens
             problems += [f"{role}: {p}" for p in lay["problems"]]
             plan["megatron"][role] = lay
@@ -230,5 +236,6 @@ def format_plan(plan: dict) -> str:
         out += ["", f"SGLang engines: {rp['replicas']} x {rp['gpus_per_engine']} GPU(s); weight sync: "
                     f"{rp['weight_sync']}"]
         out += [f"  [{c['replica']}] {c['command']}" for c in rp["commands"]]
+    out += [f"note: {n}" for n in plan.get("notes", [])]
     out += ["", "problems: " + ("none" if not plan["problems"] else "; ".join(plan["problems"]))]
     return "\n".join(out) + "\n"

@@ -64,8 +64,8 @@ if [[ ${#want[@]} -gt 0 && -d "$WHEELS" ]]; then
   # megatron-core declares torch>=2.6: installed without dependencies so the machine's torch is used as it is
   nodeps=(); deps=()
   for r in "${want[@]}"; do [[ $r == megatron-core* ]] && nodeps+=("$r") || deps+=("$r"); done
-  [[ ${#nodeps[@]} -gt 0 ]] && "$PY" -m pip install -q --no-index --find-links "$WHEELS" --target "$OUT/site" --no-deps "${nodeps[@]}"
   [[ ${#deps[@]} -gt 0 ]] && "$PY" -m pip install -q --no-index --find-links "$WHEELS" --target "$OUT/site" "${deps[@]}"
+  [[ ${#nodeps[@]} -gt 0 ]] && "$PY" -m pip install -q --no-index --find-links "$WHEELS" --target "$OUT/site" --no-deps "${nodeps[@]}"
   probe > "$OUT/env.txt"
 fi
 cat "$OUT/env.txt"

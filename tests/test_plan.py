@@ -21,6 +21,8 @@ def test_async_plan_has_every_role_pool_and_launch_command():
     actor = plan["megatron"]["actor"]
     assert (actor["tp"], actor["pp"], actor["cp"], actor["ep"], actor["dp"]) == (2, 1, 1, 1, 4)
     assert actor["sequence_parallel"] and not actor["forward_only"] and plan["megatron"]["reference"]["forward_only"]
+    assert "WORLD_SIZE=8" in actor["launch"] and "actor_pg" in actor["launch"]
+    assert any(n.startswith("actor: the 8-GPU Megatron worker group is planned but not started") for n in plan["notes"])
     cmds = plan["rollout"]["commands"]
     assert len(cmds) == 4 and len({c["port"] for c in cmds}) == 4
     assert all("sglang.launch_server" in c["command"] and "--model-path /models/Qwen3-4B" in c["command"]
@@ -91,3 +93,25 @@ def test_cli_dry_run_prints_table_and_json(capsys):
     assert main(["run", "experiments/colocate/h800x16.yaml", "--dry-run", "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert plan["mode"] == "colocate" and plan["cluster"]["nodes"] == 2
+
+
+def test_every_h800x16_experiment_resolves_into_a_complete_plan():
+    import glob
+
+    files = sorted(f for f in glob.glob("experiments/*/h800x16.yaml") if "/omni/" not in f)  # omni: its own runner
+    assert len(files) == 3, files
+    for f in files:
+        plan = resolve_plan(load_config(f))
+        assert plan["problems"] == [], (f, plan["problems"])
+        assert plan["cluster"]["gpus"] == 16 and plan["cluster"]["nodes"] == 2, f
+        gpu_roles = [r for r in plan["roles"] if r["gpus"] > 0]
+        assert {r["role"] for r in gpu_roles} >= {"actor", "rollout"}, f
+        assert all(r["placement_group"] for r in gpu_roles), f
+        for r in gpu_roles:
+            if r["role"] != "rollout":
+                lay = plan["megatron"][r["role"]]
+                assert r["backend"] == "megatron" and lay["dp"] * lay["tp"] * lay["pp"] * lay["cp"] == r["gpus"], (f, lay)
+                assert lay["launch"], f
+        assert plan["rollout"]["backend"] == "sglang" and plan["rollout"]["commands"], f
+        assert sum(c["gpus"] for c in plan["rollout"]["commands"]) == plan["rollout"]["replicas"] * \
+            plan["rollout"]["gpus_per_engine"]
