@@ -13,7 +13,8 @@ GPU:
   the CUDA name (grad clipping asserts `torch.cuda.FloatTensor`);
 - `torch.cuda.Stream` / `Event` / `current_stream` / `stream` / `synchronize` are in-order no-ops (the MoE
   all-to-all dispatcher makes a side stream for its device-to-host copies);
-- `torch.cuda.current_device()` returns 0 (mapped to the CPU by the mode); torch.cuda's RNG calls and
+- the MoE dispatcher's device-to-host copy of its split sizes returns numpy arrays, as it does from a GPU;
+- `torch.cuda.current_device()` returns the CPU device (autograd runs backward functions outside the mode); torch.cuda's RNG calls and
   megatron's tracked CUDA RNG states use the CPU generator (dropout is 0 in our configs, so no random numbers are
   drawn under the tracker).
 
@@ -109,7 +110,7 @@ def enable() -> None:
 
     import contextlib
 
-    torch.cuda.current_device = lambda: 0
+    torch.cuda.current_device = lambda: torch.device("cpu")  # also right where the mode is not active (backward)
     torch.cuda.Stream = _Stream
     torch.cuda.Event = _Event
     torch.cuda.current_stream = lambda device=None: _Stream()
@@ -120,6 +121,18 @@ def enable() -> None:
     torch.cuda.manual_seed = lambda seed: None  # the CPU generator is seeded by torch.manual_seed
     mrandom._get_cuda_rng_state = lambda *a, **k: torch.get_rng_state()
     mrandom._set_cuda_rng_state = lambda state, *a, **k: torch.set_rng_state(state)
+    # The MoE all-to-all dispatcher's split sizes must become numpy arrays "on the host"; megatron only converts
+    # tensors that are on CUDA, so on the CPU they would stay tensors, which all_to_all_single refuses as splits.
+    from megatron.core.transformer.moe import moe_utils, token_dispatcher
+
+    def _to_host(tensor, as_numpy: bool = False, record_stream: bool = False):
+        if torch.is_tensor(tensor) and as_numpy:
+            return tensor.detach().numpy()
+        return tensor
+
+    moe_utils.maybe_move_tensor_to_cpu = _to_host
+    if hasattr(token_dispatcher, "maybe_move_tensor_to_cpu"):
+        token_dispatcher.maybe_move_tensor_to_cpu = _to_host
     _MODE = CudaAsCpu()
     _MODE.__enter__()
 

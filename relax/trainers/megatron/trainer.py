@@ -78,6 +78,11 @@ def init_distributed(par: Parallel, cp: int = 1, seed: int = 0) -> None:
         if cuda:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank % max(torch.cuda.device_count(), 1))))
         dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
+    if ps.model_parallel_is_initialized() and (
+            ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size(),
+            ps.get_context_parallel_world_size(), ps.get_expert_model_parallel_world_size(),
+            ps.get_expert_tensor_parallel_world_size()) != (par.tp, par.pp, cp, par.ep, par.expert_tp):
+        ps.destroy_model_parallel()  # another layout in this process (tests): rebuild the groups
     if not ps.model_parallel_is_initialized():
         ps.initialize_model_parallel(tensor_model_parallel_size=par.tp, pipeline_model_parallel_size=par.pp,
                                      context_parallel_size=cp, expert_model_parallel_size=par.ep,
