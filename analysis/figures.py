@@ -257,9 +257,15 @@ def _draw_algorithms(source: Path, figs: Path, tables: Path) -> list[Path]:
     return draw_algorithms(source, figs, tables)
 
 
+def _draw_omni(source: Path, figs: Path, tables: Path) -> list[Path]:
+    from relax.omni.report import draw_omni
+
+    return draw_omni(source, figs, tables)
+
+
 # Drawers of the studies in analysis.reproduce.STUDIES: (results root, figures dir, tables dir) -> files written;
 # each draws nothing when its study has no results under the root.
-STUDIES = [_draw_r3, _draw_algorithms]
+STUDIES = [_draw_r3, _draw_algorithms, _draw_omni]
 
 
 def draw_all(source: Path, dest: Path = RESULTS, only: list[Path] | None = None) -> list[Path]:

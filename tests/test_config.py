@@ -5,9 +5,7 @@ import pytest
 from relax.config import ConfigError, load_config, parse_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
-# experiments/omni/ runs on its own standalone runner with its own strict schema (relax.omni.run).
-ENGINE_CONFIGS = sorted(p for p in ROOT.glob("experiments/*/*.yaml") if p.parent.name != "omni")
-OMNI_CONFIGS = sorted(ROOT.glob("experiments/omni/*.yaml"))
+ENGINE_CONFIGS = sorted(ROOT.glob("experiments/*/*.yaml"))  # omni and agent experiments included: one schema
 
 
 @pytest.mark.parametrize("path", ENGINE_CONFIGS, ids=lambda p: str(p.relative_to(ROOT)))
@@ -15,13 +13,6 @@ def test_shipped_configs_validate(path):
     cfg = load_config(path)
     assert cfg.steps >= 1
     assert cfg.name == path.parent.name
-
-
-@pytest.mark.parametrize("path", OMNI_CONFIGS, ids=lambda p: str(p.relative_to(ROOT)))
-def test_omni_configs_validate(path):
-    from relax.omni.run import load
-
-    assert load(str(path), []).profile == path.stem
 
 
 def test_overrides_are_typed_yaml_values():

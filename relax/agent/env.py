@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import torch
 
-from relax.agent.tools import ToolBox, parse_tool_call
+from relax.agent.tools import TOOL_END, ToolBox, parse_tool_call
 
 ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.S)
 
@@ -69,6 +69,20 @@ class Environment(ABC):
 
 def default_grader(answer: str, expected: str) -> float:
     return float(answer.strip() == str(expected).strip())
+
+
+def tool_answer(response_text: str, prompt) -> float:
+    """The reward rule of agent tasks (`task.reward: tool_answer`) on the model's own text (its turns joined,
+    observations left out). The rollout cuts every turn just after its first `</tool>`, so splitting there
+    gives back the turns; like ToolEnv, a turn holding a well-formed tool call goes on, the first other turn
+    ends the episode and is graded on its `<answer>..</answer>` (none: 0)."""
+    turns = response_text.split(TOOL_END)
+    for i, turn in enumerate(turns):
+        if i < len(turns) - 1 and parse_tool_call(turn + TOOL_END) is not None:
+            continue
+        m = ANSWER_RE.search(turn)
+        return default_grader(m.group(1), prompt.answer) if m is not None else 0.0
+    return 0.0
 
 
 class ToolEnv(Environment):

@@ -50,7 +50,7 @@ def trajectory_rows(trajs: list[Trajectory]) -> dict:
         "response_ids": [torch.tensor(t.response_ids, dtype=torch.long) for t in trajs],
         "loss_mask": [torch.tensor(t.loss_mask, dtype=torch.float32) for t in trajs],
         "rollout_log_probs": [torch.tensor(t.log_probs, dtype=torch.float32) for t in trajs],
-        "reward": torch.tensor([t.reward for t in trajs], dtype=torch.float32),
+        "env_reward": torch.tensor([t.reward for t in trajs], dtype=torch.float32),  # the environment's grade
         "num_turns": torch.tensor([t.turns for t in trajs]),
         "truncated": torch.tensor([int(t.truncated) for t in trajs]),
         "weight_version": torch.tensor([min(t.weight_versions, default=0) for t in trajs]),

@@ -73,6 +73,13 @@ def build_model(cfg: ModelConfig, seed: int = 0):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(tiny_config(cfg, tok.vocab_size))
         return model.float(), tok
+    if cfg.kind == "tiny_omni":
+        from relax.omni.model import build_tiny_omni
+        from relax.omni.tokenizer import OmniTokenizer
+
+        model = build_tiny_omni(cfg.hidden_size, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads,
+                                cfg.intermediate_size, cfg.max_position, seed)
+        return model, OmniTokenizer()
     if cfg.kind == "smollm2":
         from relax.models.smollm2 import load_smollm2
 
@@ -88,6 +95,10 @@ def build_tokenizer(cfg: ModelConfig):
     """The tokenizer alone (roles that only read text, e.g. Reward, need no weights)."""
     if cfg.kind in ("tiny_qwen3", "tiny_qwen3_moe"):
         return CharTokenizer()
+    if cfg.kind == "tiny_omni":
+        from relax.omni.tokenizer import OmniTokenizer
+
+        return OmniTokenizer()
     from transformers import AutoTokenizer
 
     if cfg.kind == "smollm2":

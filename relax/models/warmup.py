@@ -57,6 +57,10 @@ def _noisy(target: str, rng: random.Random) -> str:
 
 
 def sft(model, tok, cfg: ExperimentConfig, progress: bool = True) -> list[float]:
+    if cfg.task.kind != "text":  # media inputs or multi-turn episodes with a loss mask
+        from relax.omni.train import sft as sft_omni_agent
+
+        return sft_omni_agent(model, tok, cfg, progress)
     w = cfg.warmup
     rng = random.Random(cfg.seed)
     pairs = supervised_pairs(make_task(cfg.task, cfg.seed, "train"), w.steps * w.batch_size)

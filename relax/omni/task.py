@@ -60,3 +60,22 @@ class DigitSumTask:
     @staticmethod
     def score(item: OmniItem, response_text: str) -> float:
         return float(response_text.strip() == item.answer)
+
+
+PARAMS = {"video_every", "n_videos", "audio_variants"}
+
+
+def load(cfg, seed: int, split: str):
+    """The engine's task loader (relax.tasks, `task.name: digit_sum`, `task.kind: omni`): rows are
+    (question text, answer, {"media": {...}, "modality": ...}); the media stay referenced by URI / path."""
+    unknown = set(cfg.params) - PARAMS
+    if unknown:
+        raise ValueError(f"task.params: digit_sum takes {sorted(PARAMS)}, not {sorted(unknown)}")
+    size = cfg.size if split == "train" else max(cfg.eval_size, 1)
+    t = DigitSumTask(split, size, seed=seed, **{k: int(v) for k, v in cfg.params.items()})
+
+    def row(i: int):
+        it = t[i]
+        return it.text, it.answer, {"media": dict(it.media), "modality": it.kind}
+
+    return len(t), row

@@ -1,75 +1,80 @@
-"""Training pieces of the omni runner: packing rows with media, supervised warm-up, GRPO steps.
+"""Supervised warm-up for omni and agent tasks (relax.models.warmup calls `sft` when `task.kind` is not text).
 
-Rows are bus-shaped dicts of per-row lists (prompt_ids, response_ids, loss_mask, rollout_log_probs, the
-media fields). The GRPO loss is the clipped-ratio objective against the rollout log-probs, token-mean over
-the loss mask (tool / environment / media tokens excluded), group-normalised advantages.
+Uses the trainer's own packing and log-prob forward (relax.trainers: `pack` with loss masks,
+`token_log_probs` with media), so the warm-up and RL see the model through the same code.
+  omni:  prompt = media placeholders + question text, target = the answer + EOS; the media fields go to
+         the forward (the encoders and projectors learn here).
+  agent: the intended episode (relax/agent/task.py `demo_turns`: a calculator call, its observation, the
+         answer) as one trajectory; loss on the model's tokens only (loss mask 0 on the observation).
 """
 
 from __future__ import annotations
 
+import random
+
 import torch
+from tqdm import tqdm
 
-from relax.omni.processor import FIELDS
-
-
-def pack(prompts, responses, pad_id: int):
-    B = len(prompts)
-    L = max(len(p) + len(r) for p, r in zip(prompts, responses))
-    T = max(max(len(r) for r in responses), 1)
-    ids = torch.full((B, L), pad_id, dtype=torch.long)
-    attn = torch.zeros((B, L), dtype=torch.long)
-    pos = torch.zeros((B, T), dtype=torch.long)
-    rid = torch.full((B, T), pad_id, dtype=torch.long)
-    valid = torch.zeros((B, T))
-    for i, (p, r) in enumerate(zip(prompts, responses)):
-        n, m = len(p), len(r)
-        ids[i, :n], ids[i, n:n + m] = p, r
-        attn[i, :n + m] = 1
-        pos[i, :m] = torch.arange(n - 1, n + m - 1)
-        rid[i, :m] = r
-        valid[i, :m] = 1.0
-    return ids, attn, pos, rid, valid
+from relax.agent.trajectory import Trajectory
+from relax.omni.processor import FIELDS, OmniProcessor
+from relax.tasks import make_task
+from relax.trainers import pack, token_log_probs
+from relax.trainers.torch_trainer import media_rows
 
 
-def pad_right(seqs, T):
-    out = torch.zeros(len(seqs), T)
-    for i, s in enumerate(seqs):
-        out[i, :len(s)] = s
-    return out
+def omni_batch(proc: OmniProcessor, tok, data, idx: list[int]) -> dict:
+    items = [data[i] for i in idx]
+    rows = proc.rows([{"media": p.meta["media"], "text": p.prompt} for p in items])
+    rows["response_ids"] = [torch.tensor(tok.encode(p.answer, add_bos=False) + [tok.eos_token_id]) for p in items]
+    return rows
 
 
-def response_log_probs(model, rows: dict, idx: list[int], pad_id: int):
-    """(log-probs [B, T], loss mask [B, T]) of the responses of rows `idx`."""
-    prompts = [rows["prompt_ids"][i] for i in idx]
-    resps = [rows["response_ids"][i] for i in idx]
-    ids, attn, pos, rid, valid = pack(prompts, resps, pad_id)
-    media = [{k: rows[k][i] for k in FIELDS if k in rows} for i in idx]
-    logits = model(input_ids=ids, attention_mask=attn, media=media).logits
-    picked = logits.gather(1, pos[..., None].expand(-1, -1, logits.size(-1))).float()
-    lp = torch.log_softmax(picked, -1).gather(-1, rid[..., None]).squeeze(-1)
-    mask = valid
-    if "loss_mask" in rows:
-        mask = pad_right([rows["loss_mask"][i] for i in idx], valid.shape[1]) * valid
-    return lp * valid, mask
+def agent_trajectory(tok, prompt) -> Trajectory:
+    from relax.agent.task import demo_turns
+
+    t = Trajectory(prompt_ids=tok.encode(prompt.prompt))
+    turns = demo_turns(prompt.meta["a"], prompt.meta["b"], prompt.answer)
+    for j, (kind, text) in enumerate(turns):
+        ids = tok.encode(text, add_bos=False) + [tok.eos_token_id] * (j == len(turns) - 1)
+        if kind == "model":
+            t.add_model(ids, [0.0] * len(ids))
+        else:
+            t.add_observation(ids)
+    return t
 
 
-def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-6) -> torch.Tensor:
-    r = rewards.view(-1, group_size)
-    return ((r - r.mean(1, keepdim=True)) / (r.std(1, keepdim=True) + eps)).view(-1)
+def agent_batch(tok, data, idx: list[int]) -> dict:
+    trajs = [agent_trajectory(tok, data[i]) for i in idx]
+    return {"prompt_ids": [torch.tensor(t.prompt_ids) for t in trajs],
+            "response_ids": [torch.tensor(t.response_ids) for t in trajs],
+            "loss_mask": [torch.tensor(t.loss_mask, dtype=torch.float32) for t in trajs]}
 
 
-def sft_loss(model, rows, idx, pad_id):
-    lp, mask = response_log_probs(model, rows, idx, pad_id)
-    return -(lp * mask).sum() / mask.sum().clamp(min=1)
+def sft(model, tok, cfg, progress: bool = True) -> list[float]:
+    w = cfg.warmup
+    data = make_task(cfg.task, cfg.seed, "train")
+    proc = OmniProcessor(tok) if cfg.task.kind == "omni" else None
+    rng = random.Random(cfg.seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=w.lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * max(0.0, 1 - s / w.steps))
+    model.train()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(w.threads)
+    losses = []
+    for _ in tqdm(range(w.steps), desc=f"warm-up (SFT, {cfg.task.kind})", disable=not progress):
+        idx = [rng.randrange(len(data)) for _ in range(w.batch_size)]
+        rows = omni_batch(proc, tok, data, idx) if proc is not None else agent_batch(tok, data, idx)
+        packed = pack(rows["prompt_ids"], rows["response_ids"], tok.pad_token_id, rows.get("loss_mask"))
+        lp = token_log_probs(model, packed, 1.0, media_rows(rows))
+        loss = -(lp * packed.mask).sum() / packed.mask.sum()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        losses.append(float(loss.detach()))
+    torch.set_num_threads(threads)
+    return losses
 
 
-def grpo_loss(model, rows, idx, adv: torch.Tensor, pad_id: int, clip: float = 0.2):
-    lp, mask = response_log_probs(model, rows, idx, pad_id)
-    old = pad_right([rows["rollout_log_probs"][i] for i in idx], lp.shape[1])
-    ratio = torch.exp((lp - old).clamp(-20, 20))
-    a = adv[idx][:, None]
-    obj = torch.minimum(ratio * a, ratio.clamp(1 - clip, 1 + clip) * a)
-    loss = -(obj * mask).sum() / mask.sum().clamp(min=1)
-    with torch.no_grad():
-        clipfrac = (((ratio - 1).abs() > clip).float() * mask).sum() / mask.sum().clamp(min=1)
-    return loss, {"clipfrac": float(clipfrac)}
+__all__ = ["FIELDS", "agent_batch", "agent_trajectory", "omni_batch", "sft"]

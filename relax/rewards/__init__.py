@@ -5,7 +5,8 @@ prompt)` returns a `RewardResult` that also carries the error, if any. A rule th
 non-finite score, scores 0.0 with the error flagged: one bad row never crashes a run.
 
 Rules: reasoning_gym (the dataset's own score_answer), math_verify (symbolic equivalence), exact
-(normalised match), multiple_choice (letter A-E), format (answer stated in a gradable form).
+(normalised match), multiple_choice (letter A-E), format (answer stated in a gradable form), tool_answer
+(an agent's first <answer>..</answer>, exact; relax/agent/env.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from relax.rewards.extract import extract_answer
 from relax.rewards.gym import reasoning_gym
 from relax.rewards.rules import exact, format_ok, multiple_choice
 from relax.rewards.verify import math_verify
+from relax.agent.env import tool_answer
 
 if TYPE_CHECKING:
     from relax.tasks import Prompt
@@ -34,6 +36,7 @@ REWARDS: dict[str, Callable[[str, "Prompt"], float]] = {
     "exact": exact,
     "multiple_choice": multiple_choice,
     "format": format_ok,
+    "tool_answer": tool_answer,
 }
 
 

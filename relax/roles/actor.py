@@ -17,6 +17,7 @@ from relax.algorithms import LossScale
 from relax.bus import StreamingLoader
 from relax.models import state_dict_cpu
 from relax.moe.fields import r3_fields
+from relax.omni.fields import input_fields
 from relax.roles.base import ModelRole
 from relax.trainers import build_trainer
 from relax.weights.dcs import model_tensors
@@ -50,6 +51,7 @@ class ActorRole(ModelRole):
         self.telemetry = telemetry
         self.fields = TRAIN_FIELDS + (["ref_log_probs"] if cfg.algorithm.kl_coef > 0 else []) + r3_fields(cfg)
         self.fields += ["keep", "ds_attempts"] * cfg.algorithm.dynamic_sampling.enabled  # DAPO: marks, draws
+        self.fields += input_fields(cfg)  # omni media fields / the agent loss mask
         self.trained_ids: list[int] = []
         self.step_ids: list[int] = []  # sample ids of the step being trained: the DCS ledger entry of its version
         self.retained: list[int] = []  # trained partitions kept on the bus until their version is committed
@@ -125,9 +127,10 @@ class ActorRole(ModelRole):
         # Accumulate with unit denominators; divide the gradients by the true ones once all rows are seen.
         unit = LossScale(total_tokens=1, total_seqs=1)
         rewards, versions, tokens, seqs, losses = [], [], 0, 0, []
+        loss_tokens = 0  # the token-mean denominator: response tokens, or the loss mask's ones (agent turns)
         dropped, draws = 0, []
         for mb in loader:
-            with self.rec.span("train_micro_batch", step=k, rows=mb.size):
+            with self.rec.span("train_micro_batch", step=k, rows=mb.size, fields=sorted(mb.data)):
                 data = dict(mb.data)
                 data["old_log_probs"] = data.get("old_log_probs", data["rollout_log_probs"])
                 keep = [i for i, x in enumerate(data.get("keep", [1] * mb.size)) if int(x)]  # DAPO: skip the groups
@@ -142,9 +145,11 @@ class ActorRole(ModelRole):
             self.trained_ids += mb["sample_id"].tolist()
             self.step_ids += mb["sample_id"].tolist()
             tokens += int(sum(len(r) for r in data["response_ids"]))
+            loss_tokens += int(sum(float(m.sum()) for m in data["loss_mask"])) if "loss_mask" in data else \
+                int(sum(len(r) for r in data["response_ids"]))
             seqs += len(keep)
         with self.rec.span("optimizer_step", step=k):
-            denom = tokens if cfg.algorithm.loss_agg == "token-mean" else seqs
+            denom = loss_tokens if cfg.algorithm.loss_agg == "token-mean" else seqs
             self.trainer.divide_grads(max(denom, 1))
             step_metrics = self.trainer.step()
             self.trainer.sync_hf(self.model)  # Megatron: trained shards -> the published HF model (torch: no-op)

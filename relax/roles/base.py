@@ -74,7 +74,8 @@ class Role:
             if batch is None:
                 time.sleep(POLL_S)
                 continue
-            with self.rec.span(self.task, step=k, rows=batch.size):
+            # `fields`: what this role actually received (field-level storage: e.g. Reward never gets media).
+            with self.rec.span(self.task, step=k, rows=batch.size, fields=sorted(batch.data)):
                 self.bus.write(batch, self.compute(batch))
             done += batch.size
         self.rec.flush()

@@ -22,10 +22,14 @@ class RewardRole(Role):
 
         self.data = make_task(cfg.task, cfg.seed, "train")
         self.tokenizer = build_tokenizer(cfg.model)
+        # Text fields only, whatever the task carries (omni rows hold media fields this role never fetches);
+        # agent episodes: the loss mask picks the model's own tokens (a tool's reply cannot answer for it).
+        self.fields = self.fields + ["loss_mask"] * (cfg.task.kind == "agent")
 
     def compute(self, batch):
         scores = []
-        for idx, resp in zip(batch["prompt_index"].tolist(), batch["response_ids"]):
-            text = self.tokenizer.decode(resp)
+        masks = batch["loss_mask"] if "loss_mask" in self.fields else [None] * batch.size
+        for idx, resp, mask in zip(batch["prompt_index"].tolist(), batch["response_ids"], masks):
+            text = self.tokenizer.decode(resp if mask is None else resp[mask.bool()])
             scores.append(float(self.data.score(self.data[idx], text)))
         return {"rewards": torch.tensor(scores, dtype=torch.float32)}

@@ -13,8 +13,8 @@ import ray
 import torch
 
 from relax.algorithms.groups import sample_informative_groups
-from relax.engines import TorchEngine
 from relax.moe.fields import routing_fields
+from relax.omni.source import engine_class, make_source
 from relax.fault.redelivery import existing_groups
 from relax.roles.base import ModelRole
 from relax.tasks import make_task
@@ -29,7 +29,7 @@ class RolloutRole(ModelRole):
         self.dcs_member = {"serve": True, "follow": cfg.mode == "async", "trainer": False}
         super().__init__(cfg, bus, telemetry, weights, threads, replica)
         r = cfg.rollout
-        self.engine = TorchEngine(self.model, self.tokenizer, dtype=r.dtype, temperature=r.temperature,
+        self.engine = engine_class(cfg)(self.model, self.tokenizer, dtype=r.dtype, temperature=r.temperature,
                                   top_p=r.top_p, record_routing=cfg.moe.r3, seed=cfg.seed + 1000 * (replica or 0))
         self.boot.mark("engine")
         self.queue = queue  # the GroupQueue shared by the replicas (None: this one generates every group)
@@ -37,6 +37,8 @@ class RolloutRole(ModelRole):
         self.order = list(range(len(self.data)))
         random.Random(cfg.seed).shuffle(self.order)
         self.order = self.order[: cfg.task.rl_pool]
+        # omni: media feature fields; agent: multi-turn episodes with tools (relax/omni/source.py). None: text.
+        self.source = make_source(cfg, self.tokenizer, self.engine, self.data)
         self.boot.mark("task_data")
         self.sync_weights(min_version=0)
         self.boot.mark("weight_fetch")
@@ -122,6 +124,17 @@ class RolloutRole(ModelRole):
         r, ds = self.cfg.rollout, self.cfg.algorithm.dynamic_sampling
         G = r.group_size
         groups = list(groups)
+        if self.source is not None:  # omni media rows / agent episodes (relax/omni/source.py); no DAPO redraw here
+            prompt_idx = [self._prompt(k, g, 0) for g in groups for _ in range(G)]
+            sample_ids = [(k * r.prompts_per_step + g) * G + j for g in groups for j in range(G)]
+            out = self.source.rows(prompt_idx, r.max_new_tokens)
+            return {
+                "sample_id": torch.tensor(sample_ids),
+                "group_id": torch.tensor([k * r.prompts_per_step + g for g in groups for _ in range(G)]),
+                "prompt_index": torch.tensor(prompt_idx),
+                **out,
+                "total_len": torch.tensor([len(p) + len(x) for p, x in zip(out["prompt_ids"], out["response_ids"])]),
+            }
         encoded: dict[int, list[int]] = {}
 
         def encode(idx: int) -> list[int]:

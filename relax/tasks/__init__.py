@@ -1,7 +1,8 @@
 """Tasks: seeded, indexable prompt sets with their scorer.
 
 `make_task(cfg, seed, split)` builds the train or eval split of `cfg.name`: `dapo_math` (a local file, see
-`relax.tasks.dapo`) or any reasoning-gym dataset. `task[i]` is a `Prompt`; `task.score(prompt, text)`
+`relax.tasks.dapo`), `digit_sum` (omni, relax/omni/task.py), `tool_arith` (agent, relax/agent/task.py) or
+any reasoning-gym dataset. `task[i]` is a `Prompt`; `task.score(prompt, text)`
 grades a response with the reward named by `cfg.reward`. `supervised_pairs(task, n)` gives warm-up pairs.
 """
 
@@ -15,7 +16,19 @@ from relax.tasks.base import Prompt, Task, supervised_pairs
 
 __all__ = ["Prompt", "Task", "make_task", "supervised_pairs"]
 
-_LOCAL = {"dapo_math": dapo.load}
+def _digit_sum(cfg, seed, split):  # omni (relax/omni/task.py): image + audio or video -> their digit sum
+    from relax.omni.task import load
+
+    return load(cfg, seed, split)
+
+
+def _tool_arith(cfg, seed, split):  # agent (relax/agent/task.py): multiply with a calculator tool
+    from relax.agent.task import load
+
+    return load(cfg, seed, split)
+
+
+_LOCAL = {"dapo_math": dapo.load, "digit_sum": _digit_sum, "tool_arith": _tool_arith}
 
 
 def make_task(cfg: TaskConfig, seed: int, split: Literal["train", "eval"]) -> Task:

@@ -5,6 +5,9 @@ A training step is a stream of micro-batches (gradients accumulate) followed by 
 loss of each micro-batch is scaled by the whole step's token/sequence counts so accumulation is exact.
 A micro-batch carrying `rollout_routed_experts` (R3, relax/moe/) is run with the rollout's expert choices
 replayed in every MoE layer, in the training forward and in the log-prob forwards alike.
+A micro-batch carrying `loss_mask` (multi-turn agent trajectories, relax/agent/) trains and scores only the
+tokens the mask marks (the model's own; tool and environment tokens are 0); one carrying media feature fields
+(`image_patches`, `audio_mel`, `video_frames`, relax/omni/) hands them to the model's forward as `media=`.
 """
 
 from __future__ import annotations
@@ -16,6 +19,17 @@ import torch
 from relax.algorithms import LossScale, aggregate, check_config, get_policy_loss, kl_penalty
 from relax.config import ExperimentConfig
 from relax.moe.replay import replay_from_batch
+
+MEDIA_FIELDS = ("image_patches", "audio_mel", "video_frames")  # relax/omni/processor.py FIELDS
+
+
+def media_rows(rows: dict, sl: slice = slice(None)) -> list[dict] | None:
+    """Per-row media dicts of `rows[sl]` for a model's `media=` argument (None when no media field is present)."""
+    names = [f for f in MEDIA_FIELDS if f in rows]
+    if not names:
+        return None
+    n = len(rows[names[0]][sl])
+    return [{f: rows[f][sl][i] for f in names} for i in range(n)]
 
 
 @dataclass
@@ -35,7 +49,9 @@ def pad_right(seqs: list[torch.Tensor], value: float = 0.0, dtype=None) -> torch
     return out
 
 
-def pack(prompts: list[torch.Tensor], responses: list[torch.Tensor], pad_id: int) -> Packed:
+def pack(prompts: list[torch.Tensor], responses: list[torch.Tensor], pad_id: int,
+         loss_masks: list[torch.Tensor] | None = None) -> Packed:
+    """Right-padded prompt + response rows; `mask` is 1 on response tokens, or `loss_masks[i]` where given."""
     B = len(prompts)
     L = max(len(p) + len(r) for p, r in zip(prompts, responses))
     T = max(max(len(r) for r in responses), 1)
@@ -51,13 +67,20 @@ def pack(prompts: list[torch.Tensor], responses: list[torch.Tensor], pad_id: int
         attn[i, : n + m] = 1
         pos[i, :m] = torch.arange(n - 1, n + m - 1)
         rid[i, :m] = r
-        mask[i, :m] = 1.0
+        if loss_masks is None:
+            mask[i, :m] = 1.0
+        else:
+            if len(loss_masks[i]) != m:
+                raise ValueError(f"row {i}: loss_mask has {len(loss_masks[i])} entries for {m} response tokens")
+            mask[i, :m] = torch.as_tensor(loss_masks[i], dtype=torch.float32)
     return Packed(ids, attn, pos, rid, mask)
 
 
-def token_log_probs(model, packed: Packed, temperature: float) -> torch.Tensor:
-    """log pi(response token | prefix) under softmax(logits / T), [B, T], zero on padding."""
-    logits = model(input_ids=packed.input_ids, attention_mask=packed.attention_mask).logits
+def token_log_probs(model, packed: Packed, temperature: float, media: list[dict] | None = None) -> torch.Tensor:
+    """log pi(response token | prefix) under softmax(logits / T), [B, T], zero on padding and masked tokens.
+    `media`: per-row feature dicts for a model with media encoders (relax/omni/model.py)."""
+    kw = {} if media is None else {"media": media}
+    logits = model(input_ids=packed.input_ids, attention_mask=packed.attention_mask, **kw).logits
     idx = packed.resp_pos[..., None].expand(-1, -1, logits.size(-1))
     picked = logits.gather(1, idx).float() / temperature
     lp = torch.log_softmax(picked, dim=-1).gather(-1, packed.resp_ids[..., None]).squeeze(-1)
@@ -86,15 +109,15 @@ class TorchTrainer:
         self.temperature = cfg.rollout.temperature
 
     def log_probs(self, prompts: list[torch.Tensor], responses: list[torch.Tensor], token_budget: int,
-                  routing: dict | None = None) -> list[torch.Tensor]:
+                  routing: dict | None = None, inputs: dict | None = None) -> list[torch.Tensor]:
         return compute_log_probs(self.model, self.pad_id, prompts, responses, self.temperature, token_budget,
-                                 routing)
+                                 routing, inputs)
 
     def accumulate(self, mb: dict, scale: LossScale) -> dict[str, float]:
         """Forward + backward of one micro-batch; gradients accumulate until `step()`."""
-        packed = pack(mb["prompt_ids"], mb["response_ids"], self.pad_id)
+        packed = pack(mb["prompt_ids"], mb["response_ids"], self.pad_id, mb.get("loss_mask"))
         with replay_from_batch(self.model, mb, packed.input_ids.shape[1]):
-            logp = token_log_probs(self.model, packed, self.temperature)
+            logp = token_log_probs(self.model, packed, self.temperature, media_rows(mb))
         old = pad_right(mb["old_log_probs"], dtype=torch.float32)
         adv = pad_right(mb["advantages"], dtype=torch.float32)
         rollout_lp = pad_right(mb["rollout_log_probs"], dtype=torch.float32) if "rollout_log_probs" in mb else None
@@ -140,17 +163,21 @@ def logp_gap(logp: torch.Tensor, rollout_lp: torch.Tensor, mask: torch.Tensor) -
 
 @torch.no_grad()
 def compute_log_probs(model, pad_id: int, prompts: list[torch.Tensor], responses: list[torch.Tensor],
-                      temperature: float, token_budget: int, routing: dict | None = None) -> list[torch.Tensor]:
+                      temperature: float, token_budget: int, routing: dict | None = None,
+                      inputs: dict | None = None) -> list[torch.Tensor]:
     """Per-token log-probs of each response (no grad), micro-batched by token budget. `routing`: the rows'
-    R3 fields (`rollout_routed_experts`, ...) to replay, or None."""
+    R3 fields (`rollout_routed_experts`, ...) to replay, or None. `inputs`: the rows' `loss_mask` and media
+    fields (log-probs are 0 where the mask is 0), or None."""
+    inputs = inputs or {}
     was_training = model.training
     model.eval()
     out: list[torch.Tensor] = []
     for lo, hi in budget_slices([len(p) + len(r) for p, r in zip(prompts, responses)], token_budget):
-        packed = pack(prompts[lo:hi], responses[lo:hi], pad_id)
+        masks = inputs["loss_mask"][lo:hi] if "loss_mask" in inputs else None
+        packed = pack(prompts[lo:hi], responses[lo:hi], pad_id, masks)
         rows = {"prompt_ids": prompts, "response_ids": responses, **(routing or {})}
         with replay_from_batch(model, rows, packed.input_ids.shape[1], slice(lo, hi)):
-            lp = token_log_probs(model, packed, temperature)
+            lp = token_log_probs(model, packed, temperature, media_rows(inputs, slice(lo, hi)))
         out.extend(lp[i, : len(r)].clone() for i, r in enumerate(responses[lo:hi]))
     model.train(was_training)
     return out

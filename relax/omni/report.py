@@ -1,0 +1,137 @@
+"""The omni study's table and figure: async vs colocate on the omni task, beside the published numbers.
+
+`draw_omni(results_root, figures_dir, tables_dir)` reads `<results_root>/omni/omni_results.json` (written by
+`python -m relax.omni.experiment`) and writes `tables_dir/omni.{csv,md}` and `figures_dir/omni.png` (reward
+against step and against wall time per mode; step time by mode with the measured and published ratios); it
+returns the paths written ([] when there are no omni results). Published: Relax paper (arXiv 2604.11554),
+Qwen3-Omni-30B-A3B on 16 GPUs, from `results/published/relax_paper.csv`.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+RESULTS_FILE = "omni_results.json"
+REPO_PUBLISHED = Path(__file__).resolve().parents[2] / "results" / "published" / "relax_paper.csv"
+NOTE = ("Measured: tiny omni model (tiny Qwen3 + vision / audio encoders, {model}) on digit_sum (real handwritten "
+        "digit images; DTMF tones, synthesized, not speech; PyAV-muxed videos) through the engine's Ray roles and "
+        "TransferQueue bus, on a 2-core CPU shared with other jobs (1-min load average {load}); the two runs are one "
+        "after the other, so load differences between them move the ratio. Training reward = mean of the first / "
+        "last quarter of the steps (the RL pool is {pool} prompts). Published: Relax paper (arXiv 2604.11554), "
+        "Qwen3-Omni-30B-A3B on 16 GPUs. Compare the ratio, not absolute times.")
+
+
+def published(results_root: Path) -> dict[tuple[str, str, str], float]:
+    path = Path(results_root) / "published" / "relax_paper.csv"
+    path = path if path.exists() else REPO_PUBLISHED
+    out = {}
+    if path.exists():
+        with open(path) as f:
+            for row in csv.DictReader(f):
+                if row["experiment"].startswith("omni"):
+                    out[(row["experiment"], row["mode"], row["metric"])] = float(row["value"])
+    return out
+
+
+def omni_rows(res: dict, pub: dict) -> list[dict]:
+    a, c = res["modes"].get("async"), res["modes"].get("colocate")
+    rows = []
+
+    def add(metric, measured, published_value=None, unit=""):
+        rows.append({"metric": metric, "measured": None if measured is None else round(float(measured), 3),
+                     "published": published_value, "unit": unit})
+
+    if a and c:
+        add("async speed-up vs colocate (colocate step / async step)", c["mean_step_time_s"] / a["mean_step_time_s"],
+            pub.get(("omni_modes", "async_off_policy", "speedup_vs_colocate")), "x")
+    for mode, m in res["modes"].items():
+        key = "async_off_policy" if mode == "async" else "colocate"
+        add(f"{mode}: step time", m["mean_step_time_s"], pub.get(("omni_modes", key, "step_time")), "s")
+        add(f"{mode}: training reward, first quarter", m["reward_start"],
+            pub.get(("omni_convergence", "async", "reward_start")) if mode == "async" else None)
+        add(f"{mode}: training reward, last quarter", m["reward_end"],
+            pub.get(("omni_convergence", "async", "reward_end")) if mode == "async" else None)
+        add(f"{mode}: held-out greedy accuracy, before RL", m.get("eval_accuracy_start"))
+        add(f"{mode}: held-out greedy accuracy, after RL", m.get("eval_accuracy_end"))
+        add(f"{mode}: held-out sampled reward, before RL", m.get("eval_reward_start"))
+        add(f"{mode}: held-out sampled reward, after RL", m.get("eval_reward_end"))
+        add(f"{mode}: 1-min load average during the run", m["host_load"]["loadavg_after"][0])
+    return rows
+
+
+def _note(res: dict) -> str:
+    m = res.get("model") or {}
+    loads = sorted(x for v in res["modes"].values() for x in (v["host_load"]["loadavg_before"][0],
+                                                                v["host_load"]["loadavg_after"][0]))
+    return NOTE.format(model=f"hidden {m.get('hidden_size')}, {m.get('num_layers')} layers",
+                       load=f"{loads[0]}-{loads[-1]}" if loads else "?", pool=(res.get("task") or {}).get("rl_pool"))
+
+
+def plot_omni(res: dict, pub: dict, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colors = {"async": "tab:blue", "colocate": "tab:orange"}
+    fig, ax = plt.subplots(1, 3, figsize=(15, 4.2))
+    for mode, m in res["modes"].items():
+        s = m["series"]
+        ax[0].plot(s["step"], s["reward"], "o-", ms=3, color=colors.get(mode), label=f"{mode} (measured)")
+        ax[1].plot(s["wall_time_s"], s["reward"], "o-", ms=3, color=colors.get(mode), label=f"{mode} (measured)")
+    r0, r1 = pub.get(("omni_convergence", "async", "reward_start")), pub.get(("omni_convergence", "async", "reward_end"))
+    if r0 is not None and r1 is not None:
+        for a in ax[:2]:
+            a.axhline(r0, color="grey", ls=":", lw=1)
+            a.axhline(r1, color="grey", ls="--", lw=1, label=f"published async {r0:.2f} -> {r1:.2f} (30B, 16 GPUs)")
+    ax[0].set(xlabel="RL step", ylabel="training reward (mean over the step)", title="reward vs step")
+    ax[1].set(xlabel="wall time since RL start (s)", ylabel="training reward", title="reward vs wall time")
+    for a in ax[:2]:
+        a.set_ylim(0, 1)
+        a.legend(fontsize=7)
+    modes = [m for m in ("colocate", "async") if m in res["modes"]]
+    times = [res["modes"][m]["mean_step_time_s"] for m in modes]
+    bars = ax[2].bar(modes, times, color=[colors[m] for m in modes])
+    for b, t in zip(bars, times):
+        ax[2].text(b.get_x() + b.get_width() / 2, t, f"{t:.2f} s", ha="center", va="bottom", fontsize=8)
+    title = "step time by mode (measured, CPU)"
+    if len(modes) == 2:
+        ratio = times[0] / times[1]
+        p = pub.get(("omni_modes", "async_off_policy", "speedup_vs_colocate"))
+        title += f"\nasync speed-up {ratio:.2f}x measured" + (f", {p:.2f}x published (30B, 16 GPUs)" if p else "")
+    ax[2].set(ylabel="mean step time (s)", title=title)
+    fig.suptitle("Omni task (digit_sum: image + DTMF tone / video -> sum), tiny omni model, CPU, through the engine",
+                 fontsize=10)
+    fig.text(0.5, 0.005, "Published values are the paper's Qwen3-Omni-30B-A3B run; ours is a tiny model on 2 shared "
+             "CPU cores: compare the ratio and the direction of reward, not absolute values.", ha="center", fontsize=7)
+    fig.tight_layout(rect=(0, 0.03, 1, 0.95))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def draw_omni(results_root, figures_dir, tables_dir) -> list[Path]:
+    src = Path(results_root) / "omni" / RESULTS_FILE
+    if not src.exists():
+        return []
+    res = json.loads(src.read_text())
+    if not res.get("modes"):
+        return []
+    pub = published(Path(results_root))
+    rows = omni_rows(res, pub)
+    tables_dir, figures_dir = Path(tables_dir), Path(figures_dir)
+    tables_dir.mkdir(parents=True, exist_ok=True)
+    cols = ["metric", "measured", "published", "unit"]
+    with open(tables_dir / "omni.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=cols)
+        w.writeheader()
+        w.writerows(rows)
+    fmt = lambda v: "" if v is None else str(v)  # noqa: E731
+    lines = ["# Omni: async vs colocate on the omni task (through the engine)", "",
+             "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(fmt(r[c]) for c in cols) + " |" for r in rows]
+    (tables_dir / "omni.md").write_text("\n".join(lines) + f"\n\n{_note(res)}\n")
+    return [tables_dir / "omni.csv", tables_dir / "omni.md", plot_omni(res, pub, figures_dir / "omni.png")]
