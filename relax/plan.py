@@ -47,6 +47,11 @@ def model_facts(cfg) -> tuple[dict | None, str]:
         from relax.models.tokenizer import CharTokenizer
 
         return tiny_config(m, CharTokenizer.vocab_size).to_dict(), "built from model.* fields"
+    if m.kind == "tiny_omni":
+        from relax.models import tiny_config
+        from relax.omni.tokenizer import OmniTokenizer
+
+        return tiny_config(m, OmniTokenizer.vocab_size).to_dict(), "built from model.* fields (+ media encoders)"
     if m.kind == "hf" and m.path:
         conf = Path(m.path) / "config.json"
         if conf.is_file():
