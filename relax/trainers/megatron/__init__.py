@@ -1,5 +1,6 @@
 """Megatron-LM training backend: HF <-> Megatron weight conversion (pure tensor work, importable on CPU) and the
-Megatron-Core trainer (`relax.trainers.megatron.trainer`, needs megatron-core and a CUDA device)."""
+Megatron-Core trainer (`relax.trainers.megatron.trainer`, needs megatron-core; real training needs CUDA, while on a
+CPU-only machine `cpu_shim` emulates megatron-core's CUDA calls so tests can run the same code)."""
 
 from relax.trainers.megatron.convert import (
     Parallel,
