@@ -248,3 +248,57 @@ def test_routing_fields_survive_the_bus_round_trip(bf16_rollout):
             bus.close()
         ray.shutdown()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_verl_emulated_trainer_replays_the_routing_in_its_old_log_prob_forward(tmp_path):
+    """veRL's trainer (schedule=verl) recomputes the old log-probs and the reference log-probs itself. With R3
+    they replay the rollout's experts as the training forward does: the training forward runs on the very
+    weights the old log-probs were taken with, so their ratio is 1 on every token (approx_kl ~ 0). Had the
+    old-log-prob forward routed by itself, every bf16-vs-fp32 routing flip would show in approx_kl."""
+    from pathlib import Path
+
+    from analysis.results import load_metrics
+    from relax.config import load_config
+    from relax.controller import run_experiment
+
+    root = Path(__file__).resolve().parents[1]
+    cfg = load_config(root / "experiments/r3_moe/cpu.yaml",
+                      ["schedule=verl", "moe.r3=true", "steps=2", "rollout.prompts_per_step=4", "rollout.group_size=4",
+                       "warmup.steps=20", "task.eval_size=8", "model.hidden_size=64", "model.intermediate_size=192"])
+    run_dir, summary = run_experiment(cfg, out=tmp_path, run="verl-r3", progress=False)
+    metrics = load_metrics(run_dir)
+    assert summary["schedule"] == "verl" and summary["samples_lost"] == 0
+    assert list(metrics.step) == [0, 1]
+    assert (metrics.approx_kl.abs() < 1e-7).all(), list(metrics.approx_kl)
+    # The rollout's routing reached the trainer and was replayed (the gap to the engine is measured there).
+    assert (metrics.logp_gap_abs > 0).all()
+
+
+def test_flip_decomposition_locates_routing_flips_by_token():
+    """relax.moe.experiment.flips/decomposition: which response tokens a routing flip touches, and the share of
+    the gap on them (hand-built records: no model)."""
+    from relax.moe.experiment import decomposition, flips
+
+    P, R, layers = 3, 3, 2
+    rec = torch.tensor([[[0, 1], [2, 3]]] * (P + R), dtype=torch.uint8)  # [T, layers, k]
+    rec[-1] = NOT_ROUTED[torch.uint8]
+    rows = {"prompt_ids": [torch.zeros(P, dtype=torch.long)] * 2, "response_ids": [torch.zeros(R, dtype=torch.long)] * 2,
+            ROUTED_FIELD: [rec, rec.clone()]}
+    own = rec[:-1].to(torch.long).expand(2, -1, -1, -1).clone()  # [B, W, layers, k], same sets
+    own = torch.cat([own, torch.zeros(2, 1, layers, K, dtype=torch.long)], 1)  # a padding column
+    own[0, P, 1] = torch.tensor([2, 4])  # row 0: position P (feeds response token 1), layer 1
+    own[1, 0, 0] = torch.tensor([1, 0])  # row 1: same set, other order: not a flip
+    own[1, 1, 0] = torch.tensor([0, 5])  # row 1: a prompt flip
+    fl = flips(own, rows)
+    assert [x.tolist() for x in fl["at"]] == [[False, True, False], [False, False, False]]
+    assert [x.tolist() for x in fl["response"]] == [[False, True, True], [False, False, False]]
+    assert [x.tolist() for x in fl["prompt"]] == [[False] * 3, [True] * 3]
+    d_off = torch.tensor([0.1, 0.5, 0.2, 0.1, 0.1, 0.1])
+    d_on = torch.tensor([0.1, 0.1, 0.1, 0.1, 0.1, 0.1])
+    out = decomposition(fl, d_off, d_on)
+    assert out["pairs_flipped"] == pytest.approx(2 / (2 * 5 * layers))
+    at = out["flip_at"]
+    assert at["tokens_share"] == pytest.approx(1 / 6) and at["mean_abs_off"] == pytest.approx(0.5)
+    assert at["share_of_abs_off"] == pytest.approx(0.5 / 1.1) and at["share_of_removed"] == pytest.approx(0.4 / 0.5)
+    assert out["no_flip_at"]["mean_abs_on"] == pytest.approx(0.1)
+    assert out["flip_anywhere"]["tokens_share"] == pytest.approx(5 / 6)

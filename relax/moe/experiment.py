@@ -30,6 +30,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -187,13 +188,15 @@ def overhead(cfg: ExperimentConfig, state: dict, reps: int = 8, threads: int = 1
         bottleneck = max(stages, key=lambda s: stages[s]["off_s"])
         return {"stages": stages, "bottleneck_stage": bottleneck,
                 "async_step_overhead_pct": stages[bottleneck]["overhead_pct"],
-                "serial_step_overhead_pct": 100 * (serial_on / serial_off - 1)}
+                "serial_step_overhead_pct": 100 * (serial_on / serial_off - 1),
+                "verl_step_overhead_pct": 100 * (_verl_step(stages, "on_s") / _verl_step(stages, "off_s") - 1)}
 
     comp = components(cfg, engines[True], trainer.model, rows_seen, chunk, budget)
     cpu = summarise(times["cpu"])
     for name, st in cpu["stages"].items():
         st["component_extra_s"] = comp[name]["extra_s"]
         st["component_overhead_pct"] = 100 * comp[name]["extra_s"] / st["off_s"]
+    with_extra = {n: {"off_s": st["off_s"], "on_s": st["off_s"] + comp[n]["extra_s"]} for n, st in cpu["stages"].items()}
     bus = bus_overhead(cfg, rows_seen)
     other = [n for n in rows_seen if n not in (ROUTED_FIELD, "old_log_probs", "advantages")]
     # The headline uses CPU time; wall time beside it.
@@ -203,10 +206,19 @@ def overhead(cfg: ExperimentConfig, state: dict, reps: int = 8, threads: int = 1
         "component_async_step_overhead_pct": cpu["stages"][cpu["bottleneck_stage"]]["component_overhead_pct"],
         "component_serial_step_overhead_pct": 100 * sum(c["extra_s"] for c in comp.values())
         / sum(st["off_s"] for st in cpu["stages"].values()),
+        "component_verl_step_overhead_pct": 100 * (_verl_step(with_extra, "on_s") / _verl_step(with_extra, "off_s") - 1),
         "bytes_per_sample": bytes_per_sample({ROUTED_FIELD: rows_seen[ROUTED_FIELD]}),
         "other_fields_bytes_per_sample": _payload_bytes(rows_seen, other),
         "tokens_per_sample": float(rows_seen["total_len"].float().mean()),
     }
+
+
+def _verl_step(stages: dict, key: str) -> float:
+    """A step of the emulated veRL schedule (relax/schedules/verl.py) from the measured units: the trainer does
+    the update, the old-log-prob forward (the policy's log-prob forward with replay: the Reference unit's work)
+    and the reference forward one after the other, while the next batch generates (one step off-policy)."""
+    trainer = stages["actor"][key] + 2 * stages["reference"][key]
+    return max(stages["rollout"][key], trainer)
 
 
 def _per_call(fn, n: int, batches: int = 7) -> float:
@@ -359,9 +371,9 @@ def _own_sets(model, rows) -> torch.Tensor:
     return torch.stack(seen, 1).view(B, W, len(seen), -1).sort(-1).values
 
 
-def _agreement(model, rows) -> dict:
-    """How often the trainer's own top-k set equals the engine's, over (token, layer) pairs it recorded."""
-    own = _own_sets(model, rows)
+def _agreement(own: torch.Tensor, rows) -> dict:
+    """How often the trainer's own top-k set (`own`, from `_own_sets`) equals the engine's, over the
+    (token, layer) pairs it recorded."""
     same_p = same_r = n_p = n_r = 0
     for i, (p, rec) in enumerate(zip(rows["prompt_ids"], rows[ROUTED_FIELD])):
         P, T = len(p), rec.shape[0] - 1  # the last entry is NOT_ROUTED
@@ -378,8 +390,61 @@ def _gap(trainer_lp: list[torch.Tensor], engine_lp: list[torch.Tensor]) -> dict:
             "tokens": int(d.numel())}
 
 
+def flips(own: torch.Tensor, rows) -> dict:
+    """Where the fp32 trainer, routing by itself (R3 off), picks another top-k set than the bf16 engine recorded.
+    `own`: the trainer's sets from `_own_sets`. Per row: `pair` [T, layers] (the (token, layer) pairs that
+    differ); per response token t (its log-prob comes from the logits at position P + t - 1):
+    `at` [R]: a flip at P + t - 1 in some layer (the token's own forward routes differently);
+    `response` [R]: a flip anywhere in P - 1 .. P + t - 1 (the generated part of its context);
+    `prompt` [R]: a flip in the prompt before P - 1 (often a shared template: it touches every row alike)."""
+    out = {"pair": [], "at": [], "response": [], "prompt": []}
+    own = own.sort(-1).values  # sets, not orders
+    for i, (p, r, rec) in enumerate(zip(rows["prompt_ids"], rows["response_ids"], rows[ROUTED_FIELD])):
+        P, R, T = len(p), len(r), rec.shape[0] - 1  # the last entry is NOT_ROUTED
+        pair = (own[i, :T] != rec[:T].to(torch.long).sort(-1).values).any(-1)  # [T, layers]
+        pos = pair.any(-1)  # [T]
+        resp = torch.cummax(pos[P - 1:].to(torch.int8), 0).values.bool()
+        out["pair"].append(pair)
+        out["at"].append(pos[P - 1:P - 1 + R])
+        out["response"].append(resp[:R])
+        out["prompt"].append(pos[:P - 1].any().expand(R))
+    return out
+
+
+def decomposition(fl: dict, d_off: torch.Tensor, d_on: torch.Tensor) -> dict:
+    """How much of the mismatch the routing flips explain. `d_off` / `d_on`: per response token, trainer minus
+    engine log-prob without / with replay (prompt + response). For the tokens with a flip of each kind and
+    those without: share of tokens, mean |dlogp| and k3 KL off and on, share of the total |dlogp| off, and
+    share of what replay removed (sum |d_off| - |d_on|). Replay removes the flips' effect; what it leaves is the
+    dense bf16 noise every token carries (R3 cannot touch that)."""
+    pairs = torch.cat([x.reshape(-1) for x in fl["pair"]])
+    a_off, a_on = d_off.abs(), d_on.abs()
+    kl = lambda d: d.clamp(max=30).exp() - 1 - d  # noqa: E731
+    total, removed, kl_total = float(a_off.sum()) or 1.0, float((a_off - a_on).sum()), float(kl(d_off).sum()) or 1.0
+    out = {"pairs_flipped": float(pairs.float().mean()), "layers": int(fl["pair"][0].shape[1]),
+           "tokens": int(d_off.numel()), "removed_abs_share": removed / total}
+
+    def part(sel):
+        n = int(sel.sum())
+        if not n:
+            return {"tokens_share": 0.0}
+        return {"tokens_share": n / sel.numel(), "mean_abs_off": float(a_off[sel].mean()),
+                "mean_abs_on": float(a_on[sel].mean()), "kl_off": float(kl(d_off[sel]).mean()),
+                "kl_on": float(kl(d_on[sel]).mean()), "share_of_abs_off": float(a_off[sel].sum()) / total,
+                "share_of_kl_off": float(kl(d_off[sel]).sum()) / kl_total,
+                "share_of_removed": float((a_off[sel] - a_on[sel]).sum()) / removed if removed else None}
+
+    for kind in ("at", "response", "prompt"):
+        sel = torch.cat(fl[kind])
+        out[f"flip_{kind}"], out[f"no_flip_{kind}"] = part(sel), part(~sel)
+    anywhere = torch.cat(fl["response"]) | torch.cat(fl["prompt"])
+    out["flip_anywhere"], out["no_flip_anywhere"] = part(anywhere), part(~anywhere)
+    return out
+
+
 def mismatch(cfg: ExperimentConfig, state: dict, n_groups: int | None = None, threads: int = 1) -> dict:
-    """bf16 engine vs fp32 trainer on the same weights: R3 off, response replay, prompt+response replay."""
+    """bf16 engine vs fp32 trainer on the same weights: R3 off, response replay, prompt+response replay; where
+    the routing flips and how much of the gap sits on the tokens they touch (`decomposition`)."""
     torch.set_num_threads(threads)
     n_groups = n_groups or 16 * cfg.rollout.prompts_per_step
     engine = _engine(cfg, state, True)
@@ -390,14 +455,18 @@ def mismatch(cfg: ExperimentConfig, state: dict, n_groups: int | None = None, th
     rows = _rows(cfg, engine, prompts, True)
     T, budget = cfg.rollout.temperature, cfg.training.micro_batch_tokens
     args = (model, tok.pad_token_id, rows["prompt_ids"], rows["response_ids"], T, budget)
-    out = {
-        "engine_dtype": cfg.rollout.dtype, "rows": len(prompts),
-        "r3_off": _gap(compute_log_probs(*args), rows["rollout_log_probs"]),
-        "r3_response": _gap(compute_log_probs(*args, {ROUTED_FIELD: [rec[len(p):] for p, rec in zip(
-            rows["prompt_ids"], rows[ROUTED_FIELD])]}), rows["rollout_log_probs"]),
-        "r3_on": _gap(compute_log_probs(*args, {ROUTED_FIELD: rows[ROUTED_FIELD]}), rows["rollout_log_probs"]),
-        "routing_agreement": _agreement(model, rows),
-    }
+    engine_lp = rows["rollout_log_probs"]
+    lp = {"r3_off": compute_log_probs(*args),
+          "r3_response": compute_log_probs(*args, {ROUTED_FIELD: [rec[len(p):] for p, rec in zip(
+              rows["prompt_ids"], rows[ROUTED_FIELD])]}),
+          "r3_on": compute_log_probs(*args, {ROUTED_FIELD: rows[ROUTED_FIELD]})}
+    out = {"engine_dtype": cfg.rollout.dtype, "rows": len(prompts),
+           **{k: _gap(v, engine_lp) for k, v in lp.items()},
+           }
+    own = _own_sets(model, rows)
+    out["routing_agreement"] = _agreement(own, rows)
+    d = {k: torch.cat([a - b for a, b in zip(v, engine_lp)]) for k, v in lp.items()}
+    out["flips"] = decomposition(flips(own, rows), d["r3_off"], d["r3_on"])
     if cfg.rollout.dtype != "float32":  # the floor: an fp32 engine (KV-cache incremental path vs one pass)
         fp32 = _rows(cfg, _engine(cfg, state, False, dtype="float32"), prompts, True)
         out["fp32_engine_r3_off"] = _gap(compute_log_probs(model, tok.pad_token_id, fp32["prompt_ids"],
@@ -409,10 +478,13 @@ def mismatch(cfg: ExperimentConfig, state: dict, n_groups: int | None = None, th
 
 
 # --- 3. end-to-end runs -----------------------------------------------------------------------------------
-def _schedules() -> list[str]:
-    """relax, plus each emulated schedule that declares it reads and replays the R3 fields."""
-    out = ["relax"]
-    for name in ("verl", "openrlhf"):
+def _schedules(wanted=("relax", "verl")) -> list[str]:
+    """Of `wanted`: relax, and each emulated schedule that declares it reads and replays the R3 fields."""
+    out = []
+    for name in wanted:
+        if name == "relax":
+            out.append(name)
+            continue
         try:
             mod = importlib.import_module(f"relax.schedules.{name}")
         except ImportError:
@@ -439,15 +511,14 @@ def _in_run(run_dir: Path) -> dict:
 
 
 def runs(config: str, steps: int | None, out: Path, pairs: int = 1, overrides: list[str] | None = None,
-         concurrent: bool = True) -> dict:
+         concurrent: bool = True, schedules=("relax", "verl")) -> dict:
     """End-to-end runs, R3 off and on. `concurrent` (default): each pair runs side by side, as two `relax run`
     processes started together, so both see the same machine load (each gets about half of it); otherwise
     one after the other in the order off, on, on, off, ..."""
     import subprocess
-    import sys
 
     result: dict = {}
-    for schedule in _schedules():
+    for schedule in _schedules(schedules):
         extra = [f"schedule={schedule}"] if schedule != "relax" else []
         for p in range(pairs):
             order = [False, True] if p % 2 == 0 else [True, False]
@@ -487,6 +558,12 @@ def main(argv: list[str] | None = None) -> None:
                    help="end-to-end runs one after the other (default: each off/on pair side by side)")
     p.add_argument("--out", type=Path, default=Path("results"))
     p.add_argument("--skip", nargs="*", default=[], choices=["overhead", "mismatch", "runs"])
+    p.add_argument("--schedules", nargs="*", default=["relax", "verl"],
+                   help="schedules of the end-to-end off/on pairs (relax; verl and openrlhf are emulated)")
+    p.add_argument("--mismatch-groups", type=int, default=None,
+                   help="prompt groups of each mismatch measurement (default: 16 x rollout.prompts_per_step)")
+    p.add_argument("--final-mismatch", nargs="*", default=None,
+                   help="schedules whose runs' final weights get a mismatch measurement too (default: all run)")
     p.add_argument("--variants", nargs="*", default=[],
                    help='other model shapes for the mismatch measurement (warm-up weights), each a quoted list of '
                         'overrides, e.g. "model.num_layers=2 model.num_experts=8 model.experts_per_token=2"')
@@ -497,14 +574,20 @@ def main(argv: list[str] | None = None) -> None:
     cfg = load_config(args.config, args.overrides)
     path = args.out / cfg.name / RESULTS_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    res = json.loads(path.read_text()) if path.exists() else {}
+    # Keep an earlier result only for the parts skipped now (a part run now replaces its old numbers).
+    old = json.loads(path.read_text()) if path.exists() else {}
+    kept = {"overhead": ["overhead"], "runs": ["runs"], "mismatch": ["mismatch", "mismatch_variants"]}
+    res = {k: old[k] for part in args.skip for k in kept[part] if k in old}
+    t_start = time.time()
     res.update(config=args.config, overrides=args.overrides, model=cfg.model.model_dump(),
+               argv=list(argv) if argv is not None else sys.argv[1:], load_start=_load(),
                environment={"cpus": os.cpu_count(), "torch": torch.__version__, "machine": platform.machine(),
                             "note": "2-core CPU shared with other jobs: absolute times are under load; "
                                     "overheads are off/on ratios measured side by side"})
     state = warmup_state(cfg)
 
     def save():
+        res.update(load_end=_load(), wall_s=time.time() - t_start)
         path.write_text(json.dumps(res, indent=1))
 
     if "overhead" not in args.skip:
@@ -513,19 +596,23 @@ def main(argv: list[str] | None = None) -> None:
         save()
     if "runs" not in args.skip and args.pairs:
         print("end-to-end runs: R3 off/on ...", flush=True)
-        res["runs"] = runs(args.config, args.steps, args.out, args.pairs, args.overrides, not args.sequential)
+        res["runs"] = runs(args.config, args.steps, args.out, args.pairs, args.overrides, not args.sequential,
+                           args.schedules)
         save()
     if "mismatch" not in args.skip:
         print("mismatch: bf16 engine vs fp32 trainer on the same weights ...", flush=True)
-        mm = {"warmup": mismatch(cfg, state)}
+        mm = {"warmup": mismatch(cfg, state, args.mismatch_groups)}
         from safetensors.torch import load_file
 
         for schedule, s in res.get("runs", {}).items():
+            if args.final_mismatch is not None and schedule not in args.final_mismatch:
+                continue
             for mode in ("off", "on"):
                 if s.get(mode):
                     weights = Path(s[mode][-1]["run"]) / "final_weights.safetensors"
                     if weights.exists():
-                        mm[f"{schedule}_r3{mode}_final"] = mismatch(cfg, load_file(str(weights)))
+                        mm[f"{schedule}_r3{mode}_final"] = mismatch(cfg, load_file(str(weights)),
+                                                                    args.mismatch_groups)
         res["mismatch"] = mm
         save()
     if args.variants:
@@ -535,7 +622,8 @@ def main(argv: list[str] | None = None) -> None:
             vcfg = load_config(args.config, [*args.overrides, *v.split()])
             m = vcfg.model
             key = f"{m.num_layers} layers, {m.num_experts} experts, top-{m.experts_per_token}"
-            res["mismatch_variants"][key] = {"overrides": v.split(), **mismatch(vcfg, warmup_state(vcfg))}
+            res["mismatch_variants"][key] = {"overrides": v.split(),
+                                             **mismatch(vcfg, warmup_state(vcfg), args.mismatch_groups)}
             save()
     from relax.moe.report import draw_r3
 

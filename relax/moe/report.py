@@ -19,7 +19,15 @@ NOTE = ("Measured: tiny Qwen3-MoE ({model}) on a 2-core CPU shared with other jo
         "and seeds, timed in thread CPU time (wall time beside it); they carry a few % of noise from the load. "
         "\"R3's own work, timed\": the pieces R3 adds, each timed in a tight loop, over the step's time: precise, "
         "but it leaves out cache effects. End-to-end runs are separate runs and noisier still. Published: Relax "
-        "paper (arXiv 2604.11554), Qwen3-30B-A3B on 16xH800. Compare ratios, not absolute times.")
+        "paper (arXiv 2604.11554), Qwen3-30B-A3B on 16xH800. Compare ratios, not absolute times. "
+        "veRL (emulated): veRL's one-step-off-policy dataflow run with our kernels, our uint8 bus field and our "
+        "replay; its R3 cost here is only the schedule's own extra work (the old-log-prob and reference forwards "
+        "replay on the trainer's critical path). veRL's published 32% also pays for its data path, which the "
+        "emulation does not reproduce: routed experts travel as a dense padded [batch, max prompt + response, "
+        "layers, k] tensor through the single-controller driver and are broadcast to the workers (the transfer "
+        "volume reported in verl issue #6211). Mismatch: R3 removes the routing flips' share of the bf16-vs-fp32 "
+        "gap; the dense bf16 noise on every token stays, so the reduction depends on how many tokens' forwards "
+        "route differently (more layers and a larger top-k: more).")
 
 
 def _note(res: dict) -> str:
@@ -73,6 +81,14 @@ def r3_rows(res: dict, pub: dict) -> list[dict]:
                 pub_relax, "%", "the extra pieces timed in tight loops / the bottleneck stage's step time")
         add("R3 overhead if the stages ran serially (side by side)", _r(oh["serial_step_overhead_pct"], 2), None, "%",
             "rollout + actor + reference one after the other (a colocated or synchronous schedule)")
+        if "verl_step_overhead_pct" in oh:
+            pub_verl = pub.get(("verl", "r3_step_time_overhead"))
+            add("R3 step-time overhead, veRL emulated step (side by side)", _r(oh["verl_step_overhead_pct"], 2),
+                pub_verl, "%", "max(generation, update + old-log-prob forward + reference forward): the emulated "
+                "veRL step's work from the same units, our kernels and our compact bus field")
+            add("R3 step-time overhead, veRL emulated step (R3's own work, timed)",
+                _r(oh.get("component_verl_step_overhead_pct"), 2), pub_verl, "%",
+                "the extra pieces timed in tight loops, over the same emulated veRL step")
         if "component_serial_step_overhead_pct" in oh:
             add("R3 overhead if the stages ran serially (R3's own work, timed)",
                 _r(oh["component_serial_step_overhead_pct"], 2), None, "%", "all extra pieces / all stages' step time")
@@ -117,6 +133,23 @@ def r3_rows(res: dict, pub: dict) -> list[dict]:
         ag = mm["routing_agreement"]
         add(f"trainer routes as the engine, R3 off ({state} weights)", _r(100 * ag["response"], 1), None, "%",
             f"response tokens x layers with the same top-k set (prompt: {100 * ag['prompt']:.1f}%)")
+        fl = mm.get("flips")
+        if fl:
+            at, no = fl["flip_at"], fl["no_flip_at"]
+            add(f"tokens with a routing flip, R3 off ({state} weights)", _r(100 * at["tokens_share"], 1), None, "%",
+                f"response tokens whose own forward routes differently in at least one of {fl['layers']} layers "
+                f"(fp32 trainer vs bf16 engine); a flip in the generated context: "
+                f"{100 * fl['flip_response']['tokens_share']:.1f}%, in the prompt: "
+                f"{100 * fl['flip_prompt']['tokens_share']:.1f}%; (token, layer) pairs: "
+                f"{100 * fl['pairs_flipped']:.2f}%")
+            if at["tokens_share"] and no["tokens_share"]:
+                removed = at.get("share_of_removed")
+                add(f"  mean |dlogp| on flipped / unflipped tokens ({state} weights)", _r(at["mean_abs_off"], 5), None,
+                    "", f"flipped: {at['mean_abs_off']:.5f} off -> {at['mean_abs_on']:.5f} on; unflipped: "
+                        f"{no['mean_abs_off']:.5f} -> {no['mean_abs_on']:.5f} (dense bf16 noise R3 cannot remove); "
+                        f"flipped tokens carry {100 * at['share_of_abs_off']:.0f}% of |dlogp| and "
+                        f"{100 * at['share_of_kl_off']:.0f}% of KL off"
+                        + (f", {100 * removed:.0f}% of what replay removed" if removed is not None else ""))
     for schedule, s in (res.get("runs") or {}).items():
         for mode in ("off", "on"):
             gaps = [r["onpolicy_logp_gap_abs"] for r in s[mode] if r.get("onpolicy_logp_gap_abs") is not None]
@@ -145,7 +178,7 @@ def plot_r3(res: dict, pub: dict, path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.6))
+    fig, axes = plt.subplots(1, 4, figsize=(21, 4.8))
     ax = axes[0]
     labels, vals, colors = [], [], []
     oh = res.get("overhead")
@@ -156,8 +189,12 @@ def plot_r3(res: dict, pub: dict, path: Path) -> Path:
         labels += ["serial stages\nside by side", "serial stages\nR3 work timed"]
         vals += [oh["serial_step_overhead_pct"], oh.get("component_serial_step_overhead_pct", float("nan"))]
         colors += ["#ff9896", "#ff9896"]
+        if "verl_step_overhead_pct" in oh:
+            labels += ["veRL step\n(emulated)\nside by side", "veRL step\n(emulated)\nR3 work timed"]
+            vals += [oh["verl_step_overhead_pct"], oh.get("component_verl_step_overhead_pct", float("nan"))]
+            colors += ["#98df8a", "#98df8a"]
     for schedule, s in (res.get("runs") or {}).items():
-        labels.append(f"{schedule} async\ne2e runs")
+        labels.append(f"{schedule} async\ne2e runs" + ("" if schedule == "relax" else "\n(emulated)"))
         vals.append(s["step_time_overhead_pct"])
         colors.append("#d62728" if schedule == "relax" else "#2ca02c")
     for system, color in (("relax", "#7f7f7f"), ("verl", "#2ca02c")):
@@ -174,6 +211,10 @@ def plot_r3(res: dict, pub: dict, path: Path) -> Path:
     ax.axhline(0, color="black", lw=0.6)
     ax.set_xticks(range(len(vals)), labels, fontsize=6)
     ax.set(title="R3 step-time overhead (measured: solid; published: hatched)", ylabel="% of step time")
+    if oh:
+        ax.text(0.02, 0.97, f"routing adds {oh['bytes_per_sample']:.0f} B/sample (uint8)\n"
+                f"other fields: {oh['other_fields_bytes_per_sample']:.0f} B/sample", transform=ax.transAxes,
+                va="top", fontsize=7)
 
     ax = axes[1]
     mm = _mismatches(res)
@@ -198,6 +239,24 @@ def plot_r3(res: dict, pub: dict, path: Path) -> Path:
     ax.legend(fontsize=7)
 
     ax = axes[2]
+    have = [st for st in states if (mm[st].get("flips") or {}).get("flip_at", {}).get("tokens_share")]
+    w = 0.2
+    for j, (part, mode, label, color) in enumerate((
+            ("no_flip_at", "off", "no flip, R3 off", "#c7c7c7"), ("no_flip_at", "on", "no flip, R3 on", "#7f7f7f"),
+            ("flip_at", "off", "flipped, R3 off", "#ff9896"), ("flip_at", "on", "flipped, R3 on", "#d62728"))):
+        vals = [mm[st]["flips"][part].get(f"mean_abs_{mode}", float("nan")) for st in have]
+        bars = ax.bar([i + (j - 1.5) * w for i in range(len(have))], vals, w, label=label, color=color)
+        if j == 2:
+            for b, st in zip(bars, have):
+                ax.annotate(f"{100 * mm[st]['flips']['flip_at']['tokens_share']:.0f}% of tokens",
+                            (b.get_x() + w, b.get_height()), ha="center", va="bottom", fontsize=6)
+    ax.set_xticks(range(len(have)), [st.replace("_", " ").replace(", ", "\n") for st in have], fontsize=6)
+    ax.set(title="Where the gap sits: tokens whose own forward routes\ndifferently (some layer) vs the others",
+           ylabel="mean |delta log-prob|")
+    if have:
+        ax.legend(fontsize=7)
+
+    ax = axes[3]
     for schedule, s in (res.get("runs") or {}).items():
         for mode, color in (("off", "#7f7f7f"), ("on", "#d62728")):
             for i, run in enumerate(s[mode]):
@@ -205,7 +264,7 @@ def plot_r3(res: dict, pub: dict, path: Path) -> Path:
                 smooth = [sum(rew[max(0, t - 4):t + 1]) / len(rew[max(0, t - 4):t + 1]) for t in range(len(rew))]
                 ax.plot(range(len(rew)), rew, color=color, alpha=0.2, lw=0.8)
                 ax.plot(range(len(rew)), smooth, color=color, ls="-" if schedule == "relax" else "--",
-                        label=f"{schedule} R3 {mode}" if i == 0 else None)
+                        label=f"{schedule}{'' if schedule == 'relax' else ' (emulated)'} R3 {mode}" if i == 0 else None)
     ax.set(title="Reward (5-step mean, raw faint)", xlabel="training step", ylabel="mean reward of the step's samples")
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7)

@@ -9,6 +9,7 @@ import ray
 import torch
 
 from relax.bus import Batch, Bus
+from relax.moe.fields import r3_fields
 
 POLL_S = 0.005
 
@@ -39,6 +40,13 @@ def fetch_all(bus: Bus, step: int, task: str, fields: list[str], rows_total: int
 def trainer_fields(actor) -> list[str]:
     """The fields the Actor trains on, less the reference log-probs (the emulated trainer gets them itself)."""
     return [f for f in actor.fields if f != "ref_log_probs"]
+
+
+def replayed_routing(cfg, batch: Batch) -> dict | None:
+    """R3: the batch's recorded routing (`rollout_routed_experts`) for a log-prob forward that must replay it
+    (the emulated trainers' old-log-prob and reference calls), or None when R3 is off."""
+    fields = r3_fields(cfg)
+    return {f: batch[f] for f in fields} if fields else None
 
 
 def align(batch: Batch, other: Batch, field: str) -> list:

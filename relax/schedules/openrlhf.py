@@ -24,11 +24,15 @@ import time
 import ray
 
 from relax.config import ConfigError
-from relax.schedules.common import WholeBatchLoader, align, drive, fetch_all, finish, trainer_fields
+from relax.schedules.common import (WholeBatchLoader, align, drive, fetch_all, finish, replayed_routing,
+                                    trainer_fields)
 
 LABEL = "OpenRLHF (emulated)"
 EMULATED = True
 SOURCE = "OpenRLHF openrlhf/trainer/ppo_trainer_async.py (GenerateSamplesActor, TrainingActor, VLLMLock)"
+# R3 (moe.r3): the old-log-prob forward replays the rollout's routed experts; the Reference service replays
+# them itself (relax/roles/reference.py), and so does the training forward.
+SUPPORTS_R3 = True
 
 
 def check(cfg) -> None:
@@ -110,7 +114,8 @@ def trainer_loop(actor, steps: int, control, reference) -> None:
         t1 = time.time()
         ref_call = reference.process_partition.remote(k) if reference is not None else None
         with rec.span("old_logprob", step=k, rows=batch.size):
-            batch.data["old_log_probs"] = actor.trainer.log_probs(batch["prompt_ids"], batch["response_ids"], budget)
+            batch.data["old_log_probs"] = actor.trainer.log_probs(batch["prompt_ids"], batch["response_ids"], budget,
+                                                                  replayed_routing(cfg, batch))
         t2 = time.time()
         if ref_call is not None:
             with rec.span("ref_forward_wait", step=k):

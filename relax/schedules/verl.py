@@ -24,12 +24,15 @@ import time
 import ray
 
 from relax.config import ConfigError
-from relax.schedules.common import WholeBatchLoader, drive, fetch_all, finish, trainer_fields
+from relax.schedules.common import WholeBatchLoader, drive, fetch_all, finish, replayed_routing, trainer_fields
 from relax.trainers import compute_log_probs
 
 LABEL = "veRL (emulated)"
 EMULATED = True
 SOURCE = "verl recipe/one_step_off_policy/ray_trainer.py (OneStepOffRayTrainer.fit)"
+# R3 (moe.r3): the batch carries the rollout's routed experts; the old-log-prob and reference forwards replay
+# them, as the training forward does (veRL's router_replay mode "R3").
+SUPPORTS_R3 = True
 
 
 def check(cfg) -> None:
@@ -81,13 +84,15 @@ def trainer_loop(actor, steps: int, rollout) -> None:
         t2 = time.time()
         if k + 1 < steps:
             generation[k + 1] = rollout.generate_partition.remote(k + 1)
+        routing = replayed_routing(cfg, batch)
         with rec.span("old_logprob", step=k, rows=batch.size):
-            batch.data["old_log_probs"] = actor.trainer.log_probs(batch["prompt_ids"], batch["response_ids"], budget)
+            batch.data["old_log_probs"] = actor.trainer.log_probs(batch["prompt_ids"], batch["response_ids"], budget,
+                                                                  routing)
         t3 = time.time()
         if ref_model is not None:
             with rec.span("ref_forward", step=k, rows=batch.size):
                 batch.data["ref_log_probs"] = compute_log_probs(ref_model, pad, batch["prompt_ids"],
-                                                                batch["response_ids"], T, budget)
+                                                                batch["response_ids"], T, budget, routing)
         t4 = time.time()
         extra = {"schedule": "verl", "rollout_residual_s": t1 - t0, "weight_sync_barrier_s": t2 - t1,
                  "old_logprob_s": t3 - t2, "ref_forward_s": t4 - t3, "trainer_wait_s": t2 - t0}
