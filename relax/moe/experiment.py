@@ -1,6 +1,7 @@
 """The R3 experiment (experiments/r3_moe/): overhead, log-prob mismatch, bytes, reward curves; R3 off and on.
 
 `python -m relax.moe.experiment [--config experiments/r3_moe/cpu.yaml] [--steps N] [--reps R] [--out results]`
+(the defaults are what `make reproduce-fig` runs: about 5 min on a quiet 2-core machine, warm-ups cached)
 
 1. Overhead, side by side in one process (`overhead`): the work of one RL step (the rollout's generation
    of the step's rows with the bus conversion of its fields, the Actor's forward+backward over its
@@ -8,15 +9,17 @@
    off/on/on/off over `reps` rounds on the same inputs, so both see the same machine load. Overhead of a
    stage = median over rounds of (on / off) - 1. The async step's overhead is the bottleneck stage's
    (stages run in parallel on their own cores); the serial sum (all stages one after the other, as a
-   colocated or synchronous schedule runs them) is reported beside it.
+   colocated or synchronous schedule runs them) is reported beside it, and the emulated veRL step
+   (max(generation, update + old-log-prob forward + reference forward), relax/schedules/verl.py).
 2. Mismatch on the same weights (`mismatch`): the bf16 rollout engine generates a step's rows with routing
    capture; the fp32 trainer recomputes their log-probs without replay, replaying the response tokens'
    experts, and replaying prompt + response. Mean |delta log-prob|, the k3 estimate of KL(engine || trainer)
-   on the sampled tokens, and how often the trainer's own top-k set equals the engine's. For the warm-up
-   weights and each run's final weights; an fp32 engine gives the floor (KV-cache path alone).
+   on the sampled tokens, and how often the trainer's own top-k set equals the engine's; which tokens a
+   routing flip touches and how much of the gap sits on them (`decomposition`). For the warm-up weights, the
+   relax runs' final weights and other routing shapes (`--variants`); an fp32 engine gives the floor.
 3. End-to-end runs (`runs`): `relax run` of the config with moe.r3 false / true, each pair started together
-   so both see the same load (and any emulated schedule that declares `SUPPORTS_R3`): reward curves, step
-   times, the Actor's in-run trainer-vs-engine gap.
+   so both see the same load, for our async schedule and the emulated veRL one (`--schedules`; an emulated
+   schedule must declare `SUPPORTS_R3`): reward curves, step times, the Actor's in-run trainer-vs-engine gap.
 Beside 1: `components` times each piece R3 adds in tight loops, `bus_overhead` the field's put + fetch cost.
 
 Writes `<out>/r3_moe/r3_results.json` and, through `relax.moe.report.draw_r3`, the table and figure.
@@ -46,6 +49,14 @@ from relax.moe.fields import ROUTED_FIELD, bytes_per_sample, routing_fields
 from relax.trainers import TorchTrainer, budget_slices, compute_log_probs, pack
 
 RESULTS_FILE = "r3_results.json"
+# The defaults `analysis.reproduce` runs with (about 5 min on a quiet 2-core machine once the warm-ups are cached):
+STEPS = 15  # each end-to-end run
+STAGGER_S = 15.0  # between the starts of the two runs of a pair (each runs for minutes)
+# Other routing shapes, for the mismatch only (warm-up weights, same warm-up recipe): the first tiny shape
+# (2 layers, 8 experts, top-2) and one closer to Qwen3-30B-A3B's (48 layers, 128 experts, top-8; active expert
+# width 3x hidden): 8 layers, 64 experts, top-8, experts 48 wide (3 x 48 x 8 = 3 x hidden 128).
+VARIANTS = ["model.num_layers=2 model.num_experts=8 model.experts_per_token=2",
+            "model.num_layers=8 model.num_experts=64 model.experts_per_token=8 model.intermediate_size=96"]
 
 
 def _load() -> list[float]:
@@ -461,6 +472,7 @@ def mismatch(cfg: ExperimentConfig, state: dict, n_groups: int | None = None, th
               rows["prompt_ids"], rows[ROUTED_FIELD])]}),
           "r3_on": compute_log_probs(*args, {ROUTED_FIELD: rows[ROUTED_FIELD]})}
     out = {"engine_dtype": cfg.rollout.dtype, "rows": len(prompts),
+           "bytes_per_sample": bytes_per_sample({ROUTED_FIELD: rows[ROUTED_FIELD]}),
            **{k: _gap(v, engine_lp) for k, v in lp.items()},
            }
     own = _own_sets(model, rows)
@@ -510,34 +522,50 @@ def _in_run(run_dir: Path) -> dict:
             "summary": json.loads((run_dir / "summary.json").read_text())}
 
 
+def _pair(config, steps, out, overrides, extra, schedule, order, p, concurrent, attempt):
+    """One off/on pair of `relax run` processes; [(r3_on, run name)], or None when a run failed."""
+    import subprocess
+
+    procs = []
+    for on in order:
+        name = f"{schedule}-r3{'on' if on else 'off'}-{time.strftime('%H%M%S')}-{p}"
+        cmd = [sys.executable, "-m", "relax.cli", "run", config, *(overrides or []), *extra,
+               f"moe.r3={str(on).lower()}", "--out", str(out), "--run", name, "--no-progress"]
+        if steps:
+            cmd += ["--steps", str(steps)]
+        log = open(Path(out) / f".{name}.log", "w")
+        if procs and concurrent:
+            time.sleep(STAGGER_S)  # two Ray nodes starting at once on a loaded machine can time out (30 s)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        procs.append((on, name, proc, log))
+        if not concurrent:
+            proc.wait()
+    ok = True
+    for on, name, proc, log in procs:
+        if proc.wait() != 0:
+            print(f"run {name} failed (exit {proc.returncode}, attempt {attempt}); see {log.name}", flush=True)
+            ok = False
+        log.close()
+    return [(on, name) for on, name, _, _ in procs] if ok else None
+
+
 def runs(config: str, steps: int | None, out: Path, pairs: int = 1, overrides: list[str] | None = None,
          concurrent: bool = True, schedules=("relax", "verl")) -> dict:
     """End-to-end runs, R3 off and on. `concurrent` (default): each pair runs side by side, as two `relax run`
     processes started together, so both see the same machine load (each gets about half of it); otherwise
     one after the other in the order off, on, on, off, ..."""
-    import subprocess
-
     result: dict = {}
     for schedule in _schedules(schedules):
         extra = [f"schedule={schedule}"] if schedule != "relax" else []
         for p in range(pairs):
             order = [False, True] if p % 2 == 0 else [True, False]
-            procs = []
-            for on in order:
-                name = f"{schedule}-r3{'on' if on else 'off'}-{time.strftime('%H%M%S')}-{p}"
-                cmd = [sys.executable, "-m", "relax.cli", "run", config, *(overrides or []), *extra,
-                       f"moe.r3={str(on).lower()}", "--out", str(out), "--run", name, "--no-progress"]
-                if steps:
-                    cmd += ["--steps", str(steps)]
-                log = open(Path(out) / f".{name}.log", "w")
-                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-                procs.append((on, name, proc, log))
-                if not concurrent:
-                    proc.wait()
-            for on, name, proc, log in procs:
-                if proc.wait() != 0:
-                    raise RuntimeError(f"run {name} failed (exit {proc.returncode}); see {log.name}")
-                log.close()
+            for attempt in (1, 2, 3):  # a loaded machine can time out a Ray node's start: run the pair again
+                done = _pair(config, steps, out, overrides, extra, schedule, order, p, concurrent, attempt)
+                if done is not None:
+                    break
+            else:
+                raise RuntimeError(f"{schedule} pair {p} failed three times; see the .{schedule}-*.log files in {out}")
+            for on, name in done:
                 cfg = load_config(config, [*(overrides or []), *extra])
                 run_dir = Path(out) / cfg.name / cfg.profile / name
                 result.setdefault(schedule, {"off": [], "on": [], "concurrent": concurrent})[
@@ -551,8 +579,8 @@ def runs(config: str, steps: int | None, out: Path, pairs: int = 1, overrides: l
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default="experiments/r3_moe/cpu.yaml")
-    p.add_argument("--steps", type=int, default=None, help="steps of each end-to-end run (default: the config's)")
-    p.add_argument("--reps", type=int, default=8, help="off/on rounds of the side-by-side overhead measurement")
+    p.add_argument("--steps", type=int, default=STEPS, help="steps of each end-to-end run (0: the config's)")
+    p.add_argument("--reps", type=int, default=6, help="off/on rounds of the side-by-side overhead measurement")
     p.add_argument("--pairs", type=int, default=1, help="off/on pairs of end-to-end runs (0: none)")
     p.add_argument("--sequential", action="store_true",
                    help="end-to-end runs one after the other (default: each off/on pair side by side)")
@@ -560,11 +588,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--skip", nargs="*", default=[], choices=["overhead", "mismatch", "runs"])
     p.add_argument("--schedules", nargs="*", default=["relax", "verl"],
                    help="schedules of the end-to-end off/on pairs (relax; verl and openrlhf are emulated)")
-    p.add_argument("--mismatch-groups", type=int, default=None,
-                   help="prompt groups of each mismatch measurement (default: 16 x rollout.prompts_per_step)")
-    p.add_argument("--final-mismatch", nargs="*", default=None,
-                   help="schedules whose runs' final weights get a mismatch measurement too (default: all run)")
-    p.add_argument("--variants", nargs="*", default=[],
+    p.add_argument("--mismatch-groups", type=int, default=96,
+                   help="prompt groups of each mismatch measurement (0: 16 x rollout.prompts_per_step)")
+    p.add_argument("--final-mismatch", nargs="*", default=["relax"],
+                   help="schedules whose runs' final weights get a mismatch measurement too")
+    p.add_argument("--variants", nargs="*", default=VARIANTS,
                    help='other model shapes for the mismatch measurement (warm-up weights), each a quoted list of '
                         'overrides, e.g. "model.num_layers=2 model.num_experts=8 model.experts_per_token=2"')
     p.add_argument("overrides", nargs="*", help="dotted key=value config overrides")
@@ -596,7 +624,7 @@ def main(argv: list[str] | None = None) -> None:
         save()
     if "runs" not in args.skip and args.pairs:
         print("end-to-end runs: R3 off/on ...", flush=True)
-        res["runs"] = runs(args.config, args.steps, args.out, args.pairs, args.overrides, not args.sequential,
+        res["runs"] = runs(args.config, args.steps or None, args.out, args.pairs, args.overrides, not args.sequential,
                            args.schedules)
         save()
     if "mismatch" not in args.skip:
@@ -615,7 +643,7 @@ def main(argv: list[str] | None = None) -> None:
                                                                     args.mismatch_groups)
         res["mismatch"] = mm
         save()
-    if args.variants:
+    if args.variants and "mismatch" not in args.skip:
         print("mismatch of other model shapes (warm-up weights) ...", flush=True)
         res["mismatch_variants"] = {}
         for v in args.variants:

@@ -236,7 +236,7 @@ def plot_r3(res: dict, pub: dict, path: Path) -> Path:
     ax.set_xticks(list(x), [s.replace("_", " ").replace(", ", "\n") for s in states], fontsize=6)
     ax.set(title="bf16 engine vs fp32 trainer, same weights" + (f"\n(published reduction: {red:.0f}%)" if red else ""),
            ylabel="mean |delta log-prob| on rollout tokens")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=6, loc="lower left", framealpha=0.8)
 
     ax = axes[2]
     have = [st for st in states if (mm[st].get("flips") or {}).get("flip_at", {}).get("tokens_share")]
