@@ -115,3 +115,16 @@ def test_actor_role_trains_with_megatron_end_to_end(tmp_path):
     assert [r["step"] for r in rows] == [0, 1] and [r["weight_version"] for r in rows] == [1, 2]
     assert all(r["samples"] == 16 and r["grad_norm"] > 0 and r["update_ok"] for r in rows), rows
     assert summary["samples_lost"] == 0 and summary["samples_duplicated"] == 0
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformer_engine") is not None, reason="Transformer Engine present")
+def test_sequence_parallel_without_transformer_engine_is_refused_clearly():
+    from relax.config import load_config
+    from relax.models import build_model
+    from relax.trainers.megatron.convert import Parallel
+    from relax.trainers.megatron.trainer import MegatronTrainer
+
+    cfg = load_config("experiments/async/cpu.yaml", [f"model.{k}={v}" for k, v in TINY.items()])
+    hf, tok = build_model(cfg.model, 0)
+    with pytest.raises(ValueError, match="sequence_parallel needs Transformer Engine"):
+        MegatronTrainer(hf.config, None, tok.pad_token_id, cfg, parallel=Parallel(tp=2), sequence_parallel=True)

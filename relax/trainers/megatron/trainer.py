@@ -158,6 +158,12 @@ class MegatronTrainer:
         if cp > 1 and cfg.algorithm.loss_agg != "token-mean":
             raise ValueError("training.cp > 1 needs algorithm.loss_agg=token-mean (per-sequence means span CP ranks)")
         te = _te_available()
+        sp = parallel.tp > 1 if sequence_parallel is None else sequence_parallel
+        if sp and not te:
+            # megatron-core's local spec normalises with WrappedTorchNorm, which asserts "sequence parallel not
+            # supported by torch LayerNorm" (seen on the CPU run of TP 2 + SP); TE's fused norms support it.
+            raise ValueError("sequence_parallel needs Transformer Engine (megatron-core's torch norms refuse it); "
+                             "install transformer-engine or set training.parallel.sequence_parallel: false")
         self.L = QwenLayout.from_hf_config(hf_config, tp=parallel.tp, fused_norms=te,
                                            expert_layout="te_grouped" if te else "sequential")
         parallel.check(self.L)
