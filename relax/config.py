@@ -369,6 +369,8 @@ class ExperimentConfig(Strict):
         for role in megatron_roles(self):
             name = "forward_parallel" if role != "actor" and t.forward_parallel is not None else "parallel"
             gpus = getattr(self.resources, role).gpus
+            if role != "actor" and gpus == 0:
+                continue  # no GPUs: nothing to lay out (the forward roles run the torch model today)
             if gpus != int(gpus):
                 raise ValueError(f"resources.{role}.gpus: a Megatron role needs whole GPUs, got {gpus}")
             for p in getattr(t, name).problems(int(gpus), **shapes):
