@@ -263,9 +263,15 @@ def _draw_omni(source: Path, figs: Path, tables: Path) -> list[Path]:
     return draw_omni(source, figs, tables)
 
 
+def _draw_recovery(source: Path, figs: Path, tables: Path) -> list[Path]:
+    from relax.fault.report import draw_recovery
+
+    return draw_recovery(source, figs, tables)
+
+
 # Drawers of the studies in analysis.reproduce.STUDIES: (results root, figures dir, tables dir) -> files written;
 # each draws nothing when its study has no results under the root.
-STUDIES = [_draw_r3, _draw_algorithms, _draw_omni]
+STUDIES = [_draw_r3, _draw_algorithms, _draw_omni, _draw_recovery]
 
 
 def draw_all(source: Path, dest: Path = RESULTS, only: list[Path] | None = None) -> list[Path]:

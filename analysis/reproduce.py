@@ -39,6 +39,7 @@ STUDIES: list[tuple[str, list[str]]] = [
     ("r3_moe", ["relax.moe.experiment"]),
     ("algorithms", ["analysis.algorithms"]),  # GRPO, GSPO, SAPO, OPD, PPO + Critic from the same warm-up
     ("omni", ["relax.omni.experiment"]),  # async vs colocate on the omni task (relax/omni/report.py draws it)
+    ("recovery", ["relax.fault.study"]),  # kills (spare / cold rollout, reference, actor), DCS bench, elastic phases
 ]
 # Files of a run kept in the committed reference set (trace.json only while small).
 REFERENCE_FILES = ["config.yaml", "metrics.jsonl", "summary.json", "host_load.json", "trace.json"]

@@ -66,8 +66,16 @@ class RaySession:
             ray.init(address=self.address, logging_level=logging.WARNING, log_to_driver=True)
             return self
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # no token written under ~/.ray for a local run
-        ray.init(num_cpus=self.num_cpus, include_dashboard=False, _temp_dir=self.temp_dir,
-                 logging_level=logging.WARNING, log_to_driver=True)
+        for attempt in range(3):
+            try:
+                ray.init(num_cpus=self.num_cpus, include_dashboard=False, _temp_dir=self.temp_dir,
+                         logging_level=logging.WARNING, log_to_driver=True)
+                return self
+            except Exception as err:  # Ray gives its raylet 30 s to come up: too short on an overloaded host
+                if "timed out during startup" not in str(err) or attempt == 2:
+                    raise
+                log.warning("ray.init: the node timed out during startup (host overloaded); trying again")
+                ray.shutdown()
         return self
 
     def __exit__(self, *exc):

@@ -174,3 +174,44 @@ def test_redelivery_hands_unwritten_rows_out_again_and_skips_written_ones(tmp_pa
             bus.close()
         ray.shutdown()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _fake_run(run_dir: Path) -> None:
+    """A hand-made run: steps of 1 s, 3 s while a rollout replica was down (fault at 4.5 s), then 1 s again."""
+    run_dir.mkdir(parents=True)
+    times = [1, 1, 1, 1, 3, 3, 1, 1, 1, 1]
+    wall, rows = 0.0, []
+    for k, t in enumerate(times):
+        wall += t
+        rows.append({"step": k, "wall_time_s": wall, "step_time_s": t})
+    (run_dir / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    ev = {"role": "rollout", "replica": 1, "tier": 1, "t_fault": 4.5, "t_detect": 4.7, "detect_s": 0.2,
+          "t_ready": 8.0, "ready_s": 3.5, "steps_done_at_detect": 4, "dcs_seconds": 0.01, "dcs_bytes": 100,
+          "boot": {"spawn": 0.5, "imports": 2.0}}
+    (run_dir / "recovery.json").write_text(json.dumps({"events": [ev], "faults": []}))
+    (run_dir / "summary.json").write_text(json.dumps({"samples_lost": 0, "samples_duplicated": 0}))
+    gen = [(1, 0.5, 1.0), (1, 4.0, 0.4), (1, 8.5, 1.0), (0, 8.0, 0.2)]  # (replica, start s, duration s)
+    (run_dir / "trace.json").write_text(json.dumps({"traceEvents": [
+        {"name": "generate", "ph": "X", "ts": s * 1e6, "dur": d * 1e6, "args": {"replica": r}} for r, s, d in gen]}))
+
+
+def test_recovery_report_separates_detect_ready_serving_and_throughput(tmp_path):
+    from relax.fault.report import draw_recovery, table
+
+    _fake_run(tmp_path / "run")
+    (row,) = table(tmp_path / "run")
+    assert (row["detect_s"], row["ready_s"]) == (0.2, 3.5)
+    assert row["serving_s"] == pytest.approx(9.5 - 4.5)  # the replacement's first groups after it was ready
+    # Three steps averaging within 1.25x of the pre-fault median start at step 6 (ends at 11 s): 6.5 s after the
+    # fault, later than serving, so that is the time back to the previous throughput.
+    assert row["throughput_s"] == pytest.approx(11 - 4.5)
+    res = {"cpus": 2, "cold": {"run": "run", "overrides": [], "rows": [row | {"setting": "cold"}], "steps": 10,
+                               "samples_lost": 0, "samples_duplicated": 0, "load_before": 1, "load_after": 1,
+                               "wall_s": 1}}
+    (tmp_path / "recovery").mkdir()
+    (tmp_path / "recovery" / "recovery.json").write_text(json.dumps(res))
+    files = draw_recovery(tmp_path, tmp_path / "figs", tmp_path / "tables")
+    assert [f.name for f in files] == ["recovery.png", "recovery.md", "recovery.csv"]
+    md = (tmp_path / "tables" / "recovery.md").read_text()
+    assert "publishes no recovery timings" in md and "| cold | rollout-1 | 1 |" in md and "imports 2.00" in md
+    assert draw_recovery(tmp_path / "empty", tmp_path / "figs", tmp_path / "tables") == []

@@ -35,3 +35,4 @@ class BootClock:
 
     def started(self) -> float:
         return self.marks[0][1]
+

@@ -243,6 +243,12 @@ class DCSCoordinator:
         """`mid` stops serving `version` (its staging is about to be overwritten)."""
         async with self.changed:
             self.holds.get(mid, set()).discard(version)
+            # Sessions queued on it for that version cannot be served: fail them now (their receivers pick
+            # another holder at once instead of waiting on a transfer that will not come).
+            for s in self.sessions.values():
+                if s["src"] == mid and s["version"] == version and s["state"] == "queued":
+                    s["state"] = "failed"
+            self.changed.notify_all()
 
     def _commit(self) -> None:
         for v in sorted(self.pending):
