@@ -229,6 +229,11 @@ def study_markdown(res: dict) -> str:
                   f"{p['groups_per_s']:.2f} | {p['groups_by_engine']} |" for p in el["phases"]]
         lines += [f"- {o['kind']}: {o['status']} in {o['seconds']:.1f} s ({' > '.join(o['history'])})"
                   for o in el["operations"]]
+        rate = {p["replicas"]: p["groups_per_s"] for p in el["phases"][:2]}
+        if 1 in rate and 2 in rate and rate[1] > 0:
+            lines.append(f"- rate with 2 replicas / with 1: {rate[2] / rate[1]:.2f}x (it follows the replica count only "
+                         "where the rollout is the bottleneck; otherwise the staleness gate holds generation to the "
+                         "Actor's pace and the replicas share the same work)")
         lines.append(f"- lost {el['samples_lost']}, duplicated {el['samples_duplicated']}, load "
                      f"{el['load_before']} -> {el['load_after']}; command `relax {el['command'].removeprefix('-m relax.cli ')}`")
     return "\n".join(lines) + "\n"
@@ -259,7 +264,7 @@ def draw_recovery(source: Path, figs: Path, tables: Path) -> list[Path]:
     fig, axes = plt.subplots(1, 3, figsize=(17, 4.8))
     ax = axes[0]
     labels = [f"{r['role']}\n{'spare' if r.get('spare') else ('tier 2' if r['tier'] == 2 else 'restart')}"
-              f"\n({r['setting']})" for r in rows]
+              f"\n({r['setting']} run)" for r in rows]
     keys = [("detect_s", "detect", "#1f77b4"), ("ready_s", "ready", "#ff7f0e"), ("serving_s", "serving (rollout)", "#2ca02c"),
             ("throughput_s", "back to throughput", "#d62728")]
     width = 0.2
@@ -313,7 +318,10 @@ def draw_recovery(source: Path, figs: Path, tables: Path) -> list[Path]:
         ax.grid(alpha=0.3, axis="y")
     else:
         ax.axis("off")
-    fig.suptitle(f"Fault recovery, DCS and elastic scaling (CPU scale, {res.get('cpus')} cores). {NO_PAPER}", fontsize=9)
+    loads = [x[k] for x in [res.get(s, {}) for s in (*SETTINGS, "elastic")] for k in ("load_before", "load_after") if k in x]
+    load = f", 1-min load {min(loads):.0f}-{max(loads):.0f} (shared machine)" if loads else ""
+    fig.suptitle(f"Fault recovery, DCS and elastic scaling (CPU scale, {res.get('cpus')} cores{load}). {NO_PAPER}",
+                 fontsize=9)
     fig.tight_layout()
     out = figs / "recovery.png"
     fig.savefig(out, dpi=110)
