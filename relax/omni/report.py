@@ -94,13 +94,16 @@ def plot_omni(res: dict, pub: dict, path: Path) -> Path:
     modes = [m for m in ("colocate", "async") if m in res["modes"]]
     times = [res["modes"][m]["mean_step_time_s"] for m in modes]
     bars = ax[2].bar(modes, times, color=[colors[m] for m in modes])
-    for b, t in zip(bars, times):
-        ax[2].text(b.get_x() + b.get_width() / 2, t, f"{t:.2f} s", ha="center", va="bottom", fontsize=8)
+    for b, t, m in zip(bars, times, modes):
+        load = res["modes"][m]["host_load"]
+        ax[2].text(b.get_x() + b.get_width() / 2, t, f"{t:.2f} s\nload {load['loadavg_before'][0]:g}"
+                   f"->{load['loadavg_after'][0]:g}", ha="center", va="bottom", fontsize=7)
     title = "step time by mode (measured, CPU)"
     if len(modes) == 2:
         ratio = times[0] / times[1]
         p = pub.get(("omni_modes", "async_off_policy", "speedup_vs_colocate"))
-        title += f"\nasync speed-up {ratio:.2f}x measured" + (f", {p:.2f}x published (30B, 16 GPUs)" if p else "")
+        title += f"\nasync speed-up {ratio:.2f}x" + (f"; published {p:.2f}x (30B, 16 GPUs)" if p else "")
+    ax[2].margins(y=0.2)
     ax[2].set(ylabel="mean step time (s)", title=title)
     fig.suptitle("Omni task (digit_sum: image + DTMF tone / video -> sum), tiny omni model, CPU, through the engine",
                  fontsize=10)
