@@ -15,8 +15,9 @@ Per fault (from `recovery.json` and `metrics.jsonl`):
                 DCS join, model build, ..., weight fetch
   dcs_s/bytes   the replacement's weight transfer from a live DCS peer
   disk_s/bytes  reloading the same weights from the Actor's disk checkpoint in the same process (page cache
-                warm: the file was just written), measured for comparison; disk_cold_s: the same after evicting
-                the file's pages (posix_fadvise), a read from the disk
+                warm: the file was just written), measured for comparison; disk_cold_s: a reload of the run's last
+                checkpoint after evicting the file's pages (posix_fadvise), a read from the disk, measured by
+                the driver at the end of the run (off the recovery path)
 plus the run's samples lost / duplicated. Writes recovery_table.md and recovery.png next to the run (or --out).
 """
 

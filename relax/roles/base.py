@@ -124,17 +124,9 @@ class ModelRole(Role):
                     t.copy_(state[n])
                 return time.time() - t0
 
-            # From the page cache (the Actor just wrote the file), then with its pages evicted first (a read
-            # from the disk, as after a node loss).
+            # From the page cache (the Actor just wrote the file); the supervisor measures a cold read later,
+            # off the recovery path (relax.fault.supervisor.disk_cold_reload).
             info.update(disk_seconds=reload(), disk_bytes=path.stat().st_size)
-            try:
-                fd = os.open(path, os.O_RDONLY)
-                os.fsync(fd)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-                os.close(fd)
-                info["disk_cold_seconds"] = reload()
-            except (OSError, AttributeError):
-                pass
         return info
 
     def load_state(self, state: dict, version: int) -> None:
