@@ -110,8 +110,8 @@ def test_trainer_loss_covers_only_masked_tokens():
     grads = []
     for obs_adv in (0.0, 100.0):
         torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_config(tiny_config(ModelConfig(hidden_size=32, num_layers=1,
-                                                                         intermediate_size=64), CharTokenizer.vocab_size))
+        small = ModelConfig(hidden_size=32, num_layers=1, intermediate_size=64)
+        model = AutoModelForCausalLM.from_config(tiny_config(small, CharTokenizer.vocab_size))
         tr = TorchTrainer(model, 0, cfg)
         tr.accumulate(_agent_mb(obs_adv), LossScale(total_tokens=7, total_seqs=1))
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))

@@ -57,10 +57,10 @@ def run_mode(config: str, mode: str, out: Path, steps: int | None, overrides: li
         "run": str(run_dir.relative_to(out)), "mode": mode, "max_staleness": cfg.max_staleness,
         "steps": len(rows), "mean_step_time_s": summary["mean_step_time_s"], "train_time_s": summary["train_time_s"],
         "reward_start": round(start, 4), "reward_end": round(end, 4),
-        "eval_accuracy_start": summary.get("eval_accuracy_start"), "eval_accuracy_end": summary.get("eval_accuracy_end"),
-        "eval_reward_start": summary.get("eval_reward_start"), "eval_reward_end": summary.get("eval_reward_end"),
-        "pipeline_efficiency": summary.get("pipeline_efficiency"), "trainer_wait_share": summary.get("trainer_wait_share"),
-        "sleep_wake_s_mean": summary.get("sleep_wake_s_mean"), "samples_lost": summary["samples_lost"],
+        **{k: summary.get(k) for k in ("eval_accuracy_start", "eval_accuracy_end", "eval_reward_start",
+                                       "eval_reward_end", "pipeline_efficiency", "trainer_wait_share",
+                                       "sleep_wake_s_mean")},
+        "samples_lost": summary["samples_lost"],
         "series": {"step": [r["step"] for r in rows], "wall_time_s": [r["wall_time_s"] for r in rows],
                    "step_time_s": [r["step_time_s"] for r in rows], "reward": rewards},
         "host_load": host,
@@ -70,15 +70,17 @@ def run_mode(config: str, mode: str, out: Path, steps: int | None, overrides: li
 def write_readme(res: dict, path: Path) -> None:
     """A short Markdown summary beside omni_results.json (kept with the reference results)."""
     lines = ["# Omni study (python -m relax.omni.experiment)", "",
-             f"Config {res['config']} {' '.join(res['overrides'])}; runs one after the other on a {os.cpu_count()}-core CPU.", "",
+             f"Config {res['config']} {' '.join(res['overrides'])}; runs one after the other on a "
+             f"{os.cpu_count()}-core CPU.", "",
              "| mode | run | step time (s) | training reward first -> last quarter | 1-min load before -> after |",
              "|---|---|---|---|---|"]
     for mode, m in res["modes"].items():
         h = m["host_load"]
         lines.append(f"| {mode} | {m['run']} | {m['mean_step_time_s']} | {m['reward_start']} -> {m['reward_end']} | "
                      f"{h['loadavg_before'][0]} -> {h['loadavg_after'][0]} |")
-    lines += ["", f"async speed-up vs colocate: {res['speedup_async_vs_colocate']}x (published 2.00x, Qwen3-Omni-30B-A3B, "
-              "16 GPUs). A load above the core count means other work shared the cores while a run was timed."]
+    lines += ["", f"async speed-up vs colocate: {res['speedup_async_vs_colocate']}x (published 2.00x, "
+              "Qwen3-Omni-30B-A3B, 16 GPUs). A load above the core count means other work shared the cores while a "
+              "run was timed."]
     path.write_text("\n".join(lines) + "\n")
 
 

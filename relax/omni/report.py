@@ -81,7 +81,8 @@ def plot_omni(res: dict, pub: dict, path: Path) -> Path:
         s = m["series"]
         ax[0].plot(s["step"], s["reward"], "o-", ms=3, color=colors.get(mode), label=f"{mode} (measured)")
         ax[1].plot(s["wall_time_s"], s["reward"], "o-", ms=3, color=colors.get(mode), label=f"{mode} (measured)")
-    r0, r1 = pub.get(("omni_convergence", "async", "reward_start")), pub.get(("omni_convergence", "async", "reward_end"))
+    r0 = pub.get(("omni_convergence", "async", "reward_start"))
+    r1 = pub.get(("omni_convergence", "async", "reward_end"))
     if r0 is not None and r1 is not None:
         for a in ax[:2]:
             a.axhline(r0, color="grey", ls=":", lw=1)
