@@ -35,7 +35,11 @@ CONFIG = ROOT / "experiments/async/cpu-recovery.yaml"
 COLD = ["profile=cpu-recovery-cold", "health.spare_rollout=0", "steps=14",
         "faults=[{role: rollout, replica: 1, at_step: 5, kind: kill}]"]
 ELASTIC = ["profile=cpu-elastic", "steps=64", "rollout.replicas=1", "health.spare_rollout=0", "faults=[]",
-           "max_staleness=4", "health.heartbeat_timeout_s=600"]
+           "max_staleness=4", "health.heartbeat_timeout_s=600",
+           # Generation made the bottleneck, as at cluster scale where rollout dominates the step: long sampled
+           # responses (T=2 rarely samples EOS) keep each replica busy while the Actor's step stays short, so
+           # throughput can follow the replica count. Rewards of these runs are not a learning result.
+           "rollout.max_new_tokens=48", "rollout.temperature=2.0", "rollout.chunk_groups=1"]
 BENCH = [(["--mb", "64", "--bucket-mb", "16", "64", "--repeat", "3"], "bench_64mb.json"),
          (["--mb", "1.6", "--bucket-mb", "64", "--groups", "reused", "fresh", "--repeat", "5"], "bench_tiny.json")]
 ELASTIC_PHASE_S = 8.0  # each phase at least this long (generation is bursty behind the staleness gate)
