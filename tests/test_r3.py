@@ -6,8 +6,6 @@ router's choices matter and a bf16 engine routes some tokens differently from th
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 
 import pytest
 import torch
@@ -222,32 +220,26 @@ def test_fields_config_and_errors(moe, bf16_rollout):
 
 def test_routing_fields_survive_the_bus_round_trip(bf16_rollout):
     """One real bus (Ray + TransferQueue) round trip: uint8 [T, layers, k] per row, unchanged."""
-    import ray
-
     from relax.bus import Bus
     from relax.config import BusConfig
+    from relax.controller import RaySession  # its own temp dir; retries a raylet start that timed out
 
     rows, _ = bf16_rollout
     G, n = 4, 16
     fields = {k: rows[k][:n] for k in (ROUTED_FIELD, "response_ids")}
     fields[ROUTED_FIELD][0] = fields[ROUTED_FIELD][0][:0]  # an empty record must survive too
     put = {"sample_id": torch.arange(n), "group_id": torch.arange(n) // G, **fields}
-    tmp = tempfile.mkdtemp(prefix="rr3", dir="/tmp")
-    ray.init(num_cpus=4, include_dashboard=False, _temp_dir=tmp, logging_level="WARNING")
-    bus = None
-    try:
+    with RaySession(num_cpus=4):
         bus = Bus.start(BusConfig(capacity_rows=64), group_size=G, max_staleness=0)
-        bus.put_rows(0, put)
-        batch = bus.fetch(0, "t", ["sample_id", ROUTED_FIELD], max_rows=n)
-        assert batch is not None and batch.size == n
-        for i, s in enumerate(batch["sample_id"].tolist()):
-            got = batch[ROUTED_FIELD][i]
-            assert got.dtype == torch.uint8 and torch.equal(got, fields[ROUTED_FIELD][s]), s
-    finally:
-        if bus is not None:
+        try:
+            bus.put_rows(0, put)
+            batch = bus.fetch(0, "t", ["sample_id", ROUTED_FIELD], max_rows=n)
+            assert batch is not None and batch.size == n
+            for i, s in enumerate(batch["sample_id"].tolist()):
+                got = batch[ROUTED_FIELD][i]
+                assert got.dtype == torch.uint8 and torch.equal(got, fields[ROUTED_FIELD][s]), s
+        finally:
             bus.close()
-        ray.shutdown()
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def test_verl_emulated_trainer_replays_the_routing_in_its_old_log_prob_forward(tmp_path):
@@ -269,7 +261,7 @@ def test_verl_emulated_trainer_replays_the_routing_in_its_old_log_prob_forward(t
     metrics = load_metrics(run_dir)
     assert summary["schedule"] == "verl" and summary["samples_lost"] == 0
     assert list(metrics.step) == [0, 1]
-    assert (metrics.approx_kl.abs() < 1e-7).all(), list(metrics.approx_kl)
+    assert (metrics.approx_kl.abs() < 1e-9).all(), list(metrics.approx_kl)  # unreplayed: 6e-7, 2e-6
     # The rollout's routing reached the trainer and was replayed (the gap to the engine is measured there).
     assert (metrics.logp_gap_abs > 0).all()
 

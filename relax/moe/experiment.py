@@ -321,12 +321,8 @@ def bus_overhead(cfg: ExperimentConfig, rows: dict, reps: int = 20) -> dict:
     """The bus cost of the field: a step's rows put chunk by chunk (as the Rollout does) and fetched whole by
     the Actor's task and the Reference's task, with and without `rollout_routed_experts`, alternating on one
     real bus (Ray + TransferQueue, its own temp dir, shut down after). Wall time (the bus spans processes)."""
-    import shutil
-    import tempfile
-
-    import ray
-
     from relax.bus import Bus
+    from relax.controller import RaySession  # its own temp dir; retries a raylet start that timed out
     from relax.roles.actor import TRAIN_FIELDS
 
     G = cfg.rollout.group_size
@@ -335,11 +331,8 @@ def bus_overhead(cfg: ExperimentConfig, rows: dict, reps: int = 20) -> dict:
     put_fields = ["sample_id", "group_id", "prompt_ids", "response_ids", "rollout_log_probs", "weight_version",
                   "truncated", "total_len"]
     actor_fields = [f for f in TRAIN_FIELDS if f in put_fields]
-    tmp = tempfile.mkdtemp(prefix="rr3b", dir="/tmp")
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a local session: no token written under ~/.ray
-    ray.init(num_cpus=4, include_dashboard=False, _temp_dir=tmp, logging_level="WARNING")
     times = {False: [], True: []}
-    try:
+    with RaySession(num_cpus=4):
         bus = Bus.start(cfg.bus, G, max_staleness=10**6)
         step = 0
         for k in range(reps + 1):
@@ -359,9 +352,6 @@ def bus_overhead(cfg: ExperimentConfig, rows: dict, reps: int = 20) -> dict:
                 if k:
                     times[on].append(dt)
         bus.close()
-    finally:
-        ray.shutdown()
-        shutil.rmtree(tmp, ignore_errors=True)
     off, on = min(times[False]), min(times[True])
     return {"reps": reps, "off_s": off, "on_s": on, "extra_s": on - off, "overhead_pct": 100 * (on / off - 1),
             "median_off_s": statistics.median(times[False]), "median_on_s": statistics.median(times[True]),

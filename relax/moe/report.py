@@ -209,7 +209,7 @@ def plot_r3(res: dict, pub: dict, path: Path) -> Path:
             b.set_alpha(0.6)
     _bar_label(ax, bars)
     ax.axhline(0, color="black", lw=0.6)
-    ax.set_xticks(range(len(vals)), labels, fontsize=6)
+    ax.set_xticks(range(len(vals)), [x.replace("\n", " ") for x in labels], fontsize=6, rotation=60, ha="right")
     ax.set(title="R3 step-time overhead (measured: solid; published: hatched)", ylabel="% of step time")
     if oh:
         ax.text(0.02, 0.97, f"routing adds {oh['bytes_per_sample']:.0f} B/sample (uint8)\n"
