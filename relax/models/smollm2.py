@@ -7,7 +7,8 @@ folder in under a second.
 
 `python -m relax.models.smollm2 --params '{"min_terms": 2, "max_terms": 2, "max_digits": 2, "operators": ["+"],
 "allow_parentheses": false, "allow_negation": false}'` measures greedy accuracy on 64 eval prompts
-(chat template, last number graded), to pick a task where the model starts imperfect.
+(chat template, last number graded), to pick a task where the model starts imperfect; `--weights
+RUN/final_weights.safetensors` measures an RL-trained run's weights the same way (before/after RL).
 """
 
 from __future__ import annotations
@@ -135,10 +136,18 @@ def _main() -> None:
     ap.add_argument("--reward", default="exact")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--weights", default=None,
+                    help="a run's final_weights.safetensors (RL-trained SmolLM2) instead of the pretrained weights")
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
     model, tokenizer = load_smollm2(dtype=getattr(torch, args.dtype))
+    if args.weights:
+        from safetensors.torch import load_file
+
+        missing, unexpected = model.load_state_dict(load_file(args.weights), strict=False)
+        if unexpected or [k for k in missing if k != "lm_head.weight"]:  # lm_head is tied to the embeddings
+            raise SystemExit(f"{args.weights}: missing {missing}, unexpected {unexpected}")
     template = smollm2_chat_prompt(tokenizer, "{question}") if args.template == "chat" else args.template
     cfg = TaskConfig(name=args.task, params=json.loads(args.params), eval_size=args.n, reward=args.reward,
                      prompt_template=template)
