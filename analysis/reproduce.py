@@ -63,16 +63,22 @@ def run_studies(names: list[str] | None = None, out: Path = RESULTS) -> list[Pat
     import subprocess
     import sys
 
-    done = []
+    done, failed = [], []
     for name, argv in STUDIES:
         if names and name not in names:
             continue
         cmd = [sys.executable, "-m", *argv, "--out", str(out)]
         print(f"\n[study] {name}: {' '.join(cmd[1:])}", flush=True)
         t0 = time.time()
-        subprocess.run(cmd, cwd=ROOT, check=True)
+        rc = subprocess.run(cmd, cwd=ROOT).returncode
+        if rc:  # one failed study must not cost the others: report it, keep going, fail at the end
+            print(f"    FAILED (exit {rc}) after {_fmt(time.time() - t0)}: {name} is left out", flush=True)
+            failed.append(name)
+            continue
         print(f"    {out / name} ({_fmt(time.time() - t0)})", flush=True)
         done.append(out / name)
+    if failed:
+        print(f"\nstudies that failed: {failed}", flush=True)
     return done
 
 
