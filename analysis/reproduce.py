@@ -181,6 +181,9 @@ def main(argv: list[str] | None = None) -> None:
     if not args.no_figures:
         for fig in draw_all(args.out, args.out, only=runs):  # these runs, not older ones under --out
             print(fig)
+    wanted = [n for n, _ in STUDIES if not args.only or n in args.only]
+    if len(studies) < len(wanted):
+        raise SystemExit(f"{len(wanted) - len(studies)} of {len(wanted)} studies failed (see above)")
 
 
 if __name__ == "__main__":
