@@ -352,6 +352,10 @@ class Supervisor:
         topo = self.dcs.topology()
         resume = topo["reachable"]
         ev.update(latest_before=latest_before, resume_version=resume, rolled_back_versions=latest_before - resume)
+        # A step the Actor finished (its version is reachable) but whose metrics row died with it before reaching
+        # telemetry: the samples are trained and accounted in the ledger, only that step's row is missing.
+        _, reported = ray.get(self.c.telemetry.snapshot.remote(10**9))
+        ev["metrics_rows_lost"] = sorted(set(range(resume)) - set(self.c.records) - set(reported))
         for k in live_partitions(c.bus):
             if k < resume:
                 c.bus.clear(k)
