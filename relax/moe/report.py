@@ -12,6 +12,8 @@ import csv
 import json
 from pathlib import Path
 
+from relax.metrics.tables import write_rows
+
 RESULTS_FILE = "r3_results.json"
 REPO_PUBLISHED = Path(__file__).resolve().parents[2] / "results" / "published" / "relax_paper.csv"
 NOTE = ("Measured: tiny Qwen3-MoE ({model}) on a 2-core CPU shared with other jobs (load average {load}), rollout "
@@ -288,15 +290,6 @@ def draw_r3(results_root, figures_dir, tables_dir) -> list[Path]:
     pub = published(Path(results_root))
     rows = r3_rows(res, pub)
     tables_dir, figures_dir = Path(tables_dir), Path(figures_dir)
-    tables_dir.mkdir(parents=True, exist_ok=True)
-    cols = ["metric", "measured", "published", "unit", "how"]
-    with open(tables_dir / "r3_moe.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=cols)
-        w.writeheader()
-        w.writerows(rows)
-    fmt = lambda v: "" if v is None else str(v)  # noqa: E731
-    lines = ["# Rollout Routing Replay (R3): overhead and log-prob mismatch", "",
-             "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(fmt(r[c]) for c in cols) + " |" for r in rows]
-    (tables_dir / "r3_moe.md").write_text("\n".join(lines) + f"\n\n{_note(res)}\n")
-    return [tables_dir / "r3_moe.csv", tables_dir / "r3_moe.md", plot_r3(res, pub, figures_dir / "r3_moe.png")]
+    tables = write_rows(rows, ["metric", "measured", "published", "unit", "how"], tables_dir, "r3_moe",
+                        "Rollout Routing Replay (R3): overhead and log-prob mismatch", _note(res))
+    return [*tables, plot_r3(res, pub, figures_dir / "r3_moe.png")]

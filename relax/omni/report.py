@@ -13,6 +13,8 @@ import csv
 import json
 from pathlib import Path
 
+from relax.metrics.tables import write_rows
+
 RESULTS_FILE = "omni_results.json"
 REPO_PUBLISHED = Path(__file__).resolve().parents[2] / "results" / "published" / "relax_paper.csv"
 NOTE = ("Measured: tiny omni model (tiny Qwen3 + vision / audio encoders, {model}) on digit_sum (real handwritten "
@@ -127,15 +129,6 @@ def draw_omni(results_root, figures_dir, tables_dir) -> list[Path]:
     pub = published(Path(results_root))
     rows = omni_rows(res, pub)
     tables_dir, figures_dir = Path(tables_dir), Path(figures_dir)
-    tables_dir.mkdir(parents=True, exist_ok=True)
-    cols = ["metric", "measured", "published", "unit"]
-    with open(tables_dir / "omni.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=cols)
-        w.writeheader()
-        w.writerows(rows)
-    fmt = lambda v: "" if v is None else str(v)  # noqa: E731
-    lines = ["# Omni: async vs colocate on the omni task (through the engine)", "",
-             "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(fmt(r[c]) for c in cols) + " |" for r in rows]
-    (tables_dir / "omni.md").write_text("\n".join(lines) + f"\n\n{_note(res)}\n")
-    return [tables_dir / "omni.csv", tables_dir / "omni.md", plot_omni(res, pub, figures_dir / "omni.png")]
+    tables = write_rows(rows, ["metric", "measured", "published", "unit"], tables_dir, "omni",
+                        "Omni: async vs colocate on the omni task (through the engine)", _note(res))
+    return [*tables, plot_omni(res, pub, figures_dir / "omni.png")]
