@@ -78,14 +78,18 @@ def sft(model, tok, cfg: ExperimentConfig, progress: bool = True) -> list[float]
                 target = _noisy(target.strip(), rng)
             prompts.append(torch.tensor(tok.encode(prompt)))
             targets.append(torch.tensor(tok.encode(target, add_bos=False) + [tok.eos_token_id]))
-        packed = pack(prompts, targets, tok.pad_token_id)
-        lp = token_log_probs(model, packed, 1.0)
-        loss = -(lp * packed.mask).sum() / packed.mask.sum()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        losses.append(float(loss.detach()))
+        losses.append(sft_step(model, opt, sched, pack(prompts, targets, tok.pad_token_id)))
     torch.set_num_threads(threads)
     return losses
+
+
+def sft_step(model, opt, sched, packed, media=None) -> float:
+    """One supervised step: mean NLL of the packed rows' masked (response) tokens, clipped at 1.0; returns the loss."""
+    lp = token_log_probs(model, packed, 1.0, media)
+    loss = -(lp * packed.mask).sum() / packed.mask.sum()
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    sched.step()
+    return float(loss.detach())

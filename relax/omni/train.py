@@ -18,7 +18,8 @@ from tqdm import tqdm
 from relax.agent.trajectory import Trajectory
 from relax.omni.processor import FIELDS, OmniProcessor
 from relax.tasks import make_task
-from relax.trainers import pack, token_log_probs
+from relax.models.warmup import sft_step
+from relax.trainers import pack
 from relax.trainers.torch_trainer import media_rows
 
 
@@ -65,14 +66,7 @@ def sft(model, tok, cfg, progress: bool = True) -> list[float]:
         idx = [rng.randrange(len(data)) for _ in range(w.batch_size)]
         rows = omni_batch(proc, tok, data, idx) if proc is not None else agent_batch(tok, data, idx)
         packed = pack(rows["prompt_ids"], rows["response_ids"], tok.pad_token_id, rows.get("loss_mask"))
-        lp = token_log_probs(model, packed, 1.0, media_rows(rows))
-        loss = -(lp * packed.mask).sum() / packed.mask.sum()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        losses.append(float(loss.detach()))
+        losses.append(sft_step(model, opt, sched, packed, media_rows(rows)))
     torch.set_num_threads(threads)
     return losses
 
