@@ -1,7 +1,7 @@
 """Elastic scaling in a live run, measured phase by phase: 1 replica, scale out to 2, 2 replicas, scale in to 1,
 1 replica again.
 
-`run_phases(url, token, ...)` drives a run started with `--api-port` over its HTTP API and, per phase, counts the
+`run_phases(url, token, ...)` waits until the run generates steadily (a warm-up phase, reported apart), then drives a run started with `--api-port` over its HTTP API and, per phase, counts the
 groups each rollout replica put on the bus (`/rollout/engines` `groups_generated`, from the GroupQueue's
 account) and the phase's wall time. A phase ends once the replicas generated `groups` more groups (twice that
 with two replicas) and every replica of the phase generated at least one (with a timeout: a replica that never
@@ -77,6 +77,9 @@ def run_phases(url: str, token: str, groups: int = 8, timeout: float = 300.0, al
 
     client = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=60)
     out: dict = {"groups_per_phase_per_replica": groups, "min_seconds": min_seconds, "phases": [], "operations": []}
+    # Not counted: the run's start (roles still building models, the first weights, the first steps'
+    # staleness gate) would make the first phase look slow for reasons that have nothing to do with replicas.
+    out["warmup"] = _phase(client, "warm-up", 1, groups, timeout, alive, 0.0)
     out["phases"].append(_phase(client, "1 replica", 1, groups, timeout, alive, min_seconds))
 
     before, t0 = _counts(client), time.time()

@@ -13,7 +13,10 @@ Per fault (from `recovery.json` and `metrics.jsonl`):
                 ended first
   boot          the replacement process's start-up phases (relax/fault/boot.py): Ray worker spawn, imports,
                 DCS join, model build, ..., weight fetch
-  dcs_s/bytes   the replacement's weight transfer from a live DCS peer
+  dcs_s/bytes   the replacement's weight transfer from a live DCS peer (a new pair group included)
+  wait_s        how long the replacement's start-up waited for its weights (boot phase `weight_fetch`): a
+                DCS follower (an async Rollout replica) pulls them in the background from the moment it joins,
+                while its model is built, so the transfer is mostly off the restart's critical path
   disk_s/bytes  reloading the same weights from the Actor's disk checkpoint in the same process (page cache
                 warm: the file was just written), measured for comparison; disk_cold_s: a reload of the run's last
                 checkpoint after evicting the file's pages (posix_fadvise), a read from the disk, measured by
@@ -80,7 +83,8 @@ def table(run_dir: Path) -> list[dict]:
             "spare": ev.get("replaced_by_spare"),
             "detect_s": ev.get("detect_s"), "ready_s": ev.get("ready_s"), "serving_s": serving,
             "throughput_s": throughput, "boot": ev.get("boot"),
-            "dcs_s": ev.get("dcs_seconds"), "dcs_bytes": ev.get("dcs_bytes"), "dcs_from": ev.get("dcs_src"),
+            "dcs_s": ev.get("dcs_seconds"), "wait_s": (ev.get("boot") or {}).get("weight_fetch"),
+            "dcs_bytes": ev.get("dcs_bytes"), "dcs_from": ev.get("dcs_src"),
             "disk_s": ev.get("disk_seconds"), "disk_cold_s": ev.get("disk_cold_seconds"), "disk_bytes": ev.get("disk_bytes"),
             "rolled_back_versions": ev.get("rolled_back_versions"),
             "samples_lost": summary["samples_lost"], "samples_duplicated": summary["samples_duplicated"],
@@ -90,7 +94,7 @@ def table(run_dir: Path) -> list[dict]:
 
 def markdown(entries: list[dict]) -> str:
     cols = ["run", "role", "tier", "at_step", "spare", "detect_s", "ready_s", "serving_s", "throughput_s", "dcs_s",
-            "dcs_bytes", "dcs_from",
+            "wait_s", "dcs_bytes", "dcs_from",
             "disk_s", "disk_cold_s", "disk_bytes", "samples_lost", "samples_duplicated"]
 
     def fmt(v):
@@ -160,7 +164,7 @@ if __name__ == "__main__":
 
 # ---- the recovery study's figure and tables (relax/fault/study.py; analysis/figures.py STUDIES) --------------
 STUDY_COLS = ["setting", "role", "tier", "spare", "detect_s", "ready_s", "serving_s", "throughput_s", "dcs_s",
-              "dcs_bytes", "disk_s", "disk_cold_s", "disk_bytes", "samples_lost", "samples_duplicated"]
+              "wait_s", "dcs_bytes", "disk_s", "disk_cold_s", "disk_bytes", "samples_lost", "samples_duplicated"]
 SETTINGS = ("spare", "cold")  # the study's fault runs (relax/fault/study.py)
 NO_PAPER = "The Relax paper publishes no recovery timings: every number here is ours (CPU scale)."
 
@@ -230,11 +234,12 @@ def study_markdown(res: dict) -> str:
                   f"{p['groups_per_s']:.2f} | {p['groups_by_engine']} |" for p in el["phases"]]
         lines += [f"- {o['kind']}: {o['status']} in {o['seconds']:.1f} s ({' > '.join(o['history'])})"
                   for o in el["operations"]]
-        rate = {p["replicas"]: p["groups_per_s"] for p in el["phases"][:2]}
-        if 1 in rate and 2 in rate and rate[1] > 0:
-            lines.append(f"- rate with 2 replicas / with 1: {rate[2] / rate[1]:.2f}x (it follows the replica count only "
-                         "where the rollout is the bottleneck; otherwise the staleness gate holds generation to the "
-                         "Actor's pace and the replicas share the same work)")
+        r = [p["groups_per_s"] for p in el["phases"]]
+        if len(r) == 3 and min(r) > 0:
+            lines.append(f"- rate with 2 replicas / with 1 before: {r[1] / r[0]:.2f}x, / with 1 after: {r[1] / r[2]:.2f}x. "
+                         "It follows the replica count only where generation is the bottleneck and cores are free: "
+                         f"on {res.get('cpus')} cores the replicas, the Actor and the Reference share the same CPUs, "
+                         "so a second replica gains only what the other roles leave idle")
         lines.append(f"- lost {el['samples_lost']}, duplicated {el['samples_duplicated']}, load "
                      f"{el['load_before']} -> {el['load_after']}; command `relax {el['command'].removeprefix('-m relax.cli ')}`")
     return "\n".join(lines) + "\n"

@@ -11,7 +11,7 @@ Parts:
   cold     the same experiment without a spare and with one fault, the Rollout replica's kill: the replacement
            is a new process (Ray worker, imports, model, weights from a DCS peer), the honest restart time
   bench    relax.weights.dcs_bench: DCS weight sync against a raw gloo broadcast over loopback measured the same
-           way, 64 MB (buckets 16 and 64 MB) and the tiny model's size with process groups reused / per transfer
+           way, 256 MB (buckets 16, 64 and 256 MB: a model of a few hundred MB amortises the per-version handshake as real ones do) and the tiny model's size with process groups reused / per transfer
   elastic  a live run driven over its HTTP API: 1 replica, scale out to 2, 2 replicas, scale in to 1, 1 replica
            (groups generated per replica and per second in each phase; relax/api/elastic.py)
 Per killed role (relax.fault.report): detect, ready, serving (Rollout), back to the previous throughput, the
@@ -32,7 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "experiments/async/cpu-recovery.yaml"
-COLD = ["profile=cpu-recovery-cold", "health.spare_rollout=0", "steps=14",
+COLD = ["profile=cpu-recovery-cold", "health.spare_rollout=0", "steps=30",
         "faults=[{role: rollout, replica: 1, at_step: 5, kind: kill}]"]
 ELASTIC = ["profile=cpu-elastic", "steps=64", "rollout.replicas=1", "health.spare_rollout=0", "faults=[]",
            "max_staleness=4", "health.heartbeat_timeout_s=600",
@@ -40,7 +40,7 @@ ELASTIC = ["profile=cpu-elastic", "steps=64", "rollout.replicas=1", "health.spar
            # responses (T=2 rarely samples EOS) keep each replica busy while the Actor's step stays short, so
            # throughput can follow the replica count. Rewards of these runs are not a learning result.
            "rollout.max_new_tokens=48", "rollout.temperature=2.0", "rollout.chunk_groups=1"]
-BENCH = [(["--mb", "64", "--bucket-mb", "16", "64", "--repeat", "3"], "bench_64mb.json"),
+BENCH = [(["--mb", "256", "--bucket-mb", "16", "64", "256", "--groups", "reused", "fresh", "--repeat", "5"], "bench_256mb.json"),
          (["--mb", "1.6", "--bucket-mb", "64", "--groups", "reused", "fresh", "--repeat", "5"], "bench_tiny.json")]
 ELASTIC_PHASE_S = 8.0  # each phase at least this long (generation is bursty behind the staleness gate)
 PARTS = ["spare", "cold", "bench", "elastic"]

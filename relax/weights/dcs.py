@@ -648,7 +648,10 @@ class DCS:
                         st = Staging(sess["layout"], self.device)
                     with st.lock:
                         if st.version >= 0:  # stop serving what is about to be overwritten
-                            ray.get(self.coord.release.remote(self.id, st.version))
+                            # Not awaited: a receiver paired with the old version meanwhile is refused by the
+                            # serve loop (version -1 below) and retries elsewhere; the round trip stays off
+                            # the transfer.
+                            self.coord.release.remote(self.id, st.version)
                         st.version = -1
                         broadcast_buckets(self._group(sess, 1), st.buffers, root=0)
                         st.version = sess["version"]
