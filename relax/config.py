@@ -209,6 +209,10 @@ class TrainingConfig(Strict):
     betas: tuple[float, float] = (0.9, 0.99)
     grad_clip: float = Field(1.0, gt=0)
     micro_batch_tokens: int = Field(4096, ge=16)
+    # Compute precision of the trainer's forwards (training, old/reference log-probs). fp32: everything in fp32.
+    # bf16: mixed precision as GPU trainers run (Megatron --bf16): fp32 master weights and optimizer, the
+    # forward's matmuls in bf16 (torch.autocast; the megatron trainer: bf16 params), log-softmax and loss in fp32.
+    precision: Literal["fp32", "bf16"] = "fp32"
 
 
 class RoleResources(Strict):

@@ -6,6 +6,7 @@ router's choices matter and a bf16 engine routes some tokens differently from th
 
 from __future__ import annotations
 
+import copy
 
 import pytest
 import torch
@@ -181,6 +182,67 @@ def test_r3_brings_the_trainers_log_probs_closer_to_the_bf16_engine(moe, bf16_ro
     response_only = gap({ROUTED_FIELD: [r[len(p):] for p, r in zip(rows["prompt_ids"], rows[ROUTED_FIELD])]})
     full = gap({ROUTED_FIELD: rows[ROUTED_FIELD]})
     assert response_only < off and full < 0.7 * off, (off, response_only, full)
+
+
+def test_bf16_trainer_keeps_fp32_master_weights_and_r3_brings_it_closer_to_the_bf16_engine(moe, bf16_rollout):
+    """training.precision bf16 (the setting the paper measures: a bf16 trainer against a bf16 engine): the
+    forwards' matmuls run in bf16 under autocast, weights, gradients and log-probs stay fp32; with R3 the
+    trainer's log-probs on the engine's tokens are closer to the engine's than without, and the replayed
+    training forward still trains every router."""
+    from relax.algorithms import LossScale
+
+    model, tok, state = moe
+    rows, _ = bf16_rollout
+    with pytest.raises(ConfigError, match="precision"):
+        validate({"name": "x", "training": {"precision": "fp16"}})
+    cfg = ExperimentConfig(name="t", model=MC, training=TrainingConfig(micro_batch_tokens=4096, precision="bf16"))
+    trainer = TorchTrainer(_model(state)[0], tok.pad_token_id, cfg)
+    engine_lp = torch.cat(rows["rollout_log_probs"])
+    off = trainer.log_probs(rows["prompt_ids"], rows["response_ids"], 4096)
+    on = trainer.log_probs(rows["prompt_ids"], rows["response_ids"], 4096, {ROUTED_FIELD: rows[ROUTED_FIELD]})
+    fp32 = compute_log_probs(model, tok.pad_token_id, rows["prompt_ids"], rows["response_ids"], 1.0, 4096)
+    assert all(x.dtype == torch.float32 for x in off)
+    assert not torch.equal(torch.cat(off), torch.cat(fp32))  # the forward did run in bf16
+    gap_off = (torch.cat(off) - engine_lp).abs().mean().item()
+    gap_on = (torch.cat(on) - engine_lp).abs().mean().item()
+    assert gap_on < 0.7 * gap_off, (gap_off, gap_on)
+    mb = {**rows, "old_log_probs": rows["rollout_log_probs"],
+          "advantages": [torch.full((len(r),), 1.0 if i % 2 else -1.0) for i, r in enumerate(rows["response_ids"])]}
+    trainer.accumulate(mb, LossScale(1, 1))
+    assert all(p.dtype == torch.float32 for p in trainer.model.parameters())
+    for r in moe_routers(trainer.model):
+        g = r.weight.grad
+        assert g is not None and g.dtype == torch.float32 and torch.isfinite(g).all() and g.abs().sum() > 0
+    trainer.step()
+
+
+def test_top8_of_64_experts_replay_is_exact_at_every_recorded_position():
+    """The shape closest to Qwen3-30B-A3B's routing in the study (top-8 of 64 experts, more layers): uint8
+    records of the bf16 engine are replayed exactly at every prompt and response position, in every layer."""
+    mc = ModelConfig(kind="tiny_qwen3_moe", hidden_size=64, num_layers=3, num_heads=4, num_kv_heads=2,
+                     intermediate_size=32, num_experts=64, experts_per_token=8)
+    model, tok = build_model(mc, 0)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.normal_(0, p.shape[-1] ** -0.5, generator=g)
+    engine = TorchEngine(copy.deepcopy(model), tok, dtype="bfloat16", seed=1, record_routing=True)
+    prompts = [tok.encode(f"{a} + {b} = Answer:") for a in range(4) for b in range(3)]
+    gens = engine.generate(prompts, 6)
+    responses = [torch.tensor(x.token_ids) for x in gens]
+    fields = routing_fields([x.extras["routed_experts"] for x in gens], [len(p) for p in prompts],
+                            [len(r) for r in responses], 64)
+    rows = {"prompt_ids": [torch.tensor(p) for p in prompts], "response_ids": responses, **fields}
+    assert all(r.dtype == torch.uint8 and r.shape[1:] == (3, 8) for r in fields[ROUTED_FIELD])
+    own = _own_routes(model, rows)
+    replayed = _own_routes(model, rows, fields)
+    differs = 0
+    for i, rec in enumerate(fields[ROUTED_FIELD]):
+        T = rec.shape[0] - 1
+        assert torch.equal(replayed[i, :T], rec[:T].to(torch.long))
+        differs += int((_sets(rec[:T]) != _sets(own[i, :T])).any(-1).sum())
+    assert differs > 0  # the fp32 trainer's own sets differ somewhere: the replay changed something
 
 
 def test_fields_config_and_errors(moe, bf16_rollout):

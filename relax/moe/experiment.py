@@ -12,10 +12,12 @@
    colocated or synchronous schedule runs them) is reported beside it, and the emulated veRL step
    (max(generation, update + old-log-prob forward + reference forward), relax/schedules/verl.py).
 2. Mismatch on the same weights (`mismatch`): the bf16 rollout engine generates a step's rows with routing
-   capture; the fp32 trainer recomputes their log-probs without replay, replaying the response tokens'
-   experts, and replaying prompt + response. Mean |delta log-prob|, the k3 estimate of KL(engine || trainer)
-   on the sampled tokens, and how often the trainer's own top-k set equals the engine's; which tokens a
-   routing flip touches and how much of the gap sits on them (`decomposition`). For the warm-up weights, the
+   capture; the trainer (in `training.precision`: bf16 autocast in cpu.yaml, as a bf16 GPU trainer) recomputes
+   their log-probs without replay, replaying the response tokens' experts, and replaying prompt + response;
+   the same off/on for an fp32 trainer and a trainer cast wholly to bf16 beside it (`TRAINERS`). Mean
+   |delta log-prob|, the k3 estimate of KL(engine || trainer) on the sampled tokens, and how often the
+   trainer's own top-k set equals the engine's; which tokens a routing flip touches, how much of the gap sits
+   on them and how much gate weight a flip moves (`decomposition`). For the warm-up weights, the
    relax runs' final weights and other routing shapes (`--variants`); an fp32 engine gives the floor.
 3. End-to-end runs (`runs`): `relax run` of the config with moe.r3 false / true, each pair started together
    so both see the same load, for our async schedule and the emulated veRL one (`--schedules`; an emulated
@@ -28,6 +30,7 @@ Writes `<out>/r3_moe/r3_results.json` and, through `relax.moe.report.draw_r3`, t
 from __future__ import annotations
 
 import argparse
+import copy
 import importlib
 import json
 import os
@@ -47,6 +50,7 @@ from relax.models import build_model
 from relax.moe.capture import moe_routers
 from relax.moe.fields import ROUTED_FIELD, bytes_per_sample, routing_fields
 from relax.trainers import TorchTrainer, budget_slices, compute_log_probs, pack
+from relax.trainers.torch_trainer import compute_precision
 
 RESULTS_FILE = "r3_results.json"
 # The defaults `analysis.reproduce` runs with (about 5 min on a quiet 2-core machine once the warm-ups are cached):
@@ -155,7 +159,7 @@ def overhead(cfg: ExperimentConfig, state: dict, reps: int = 8, threads: int = 1
 
     def reference_unit(on: bool, mb: dict) -> None:
         compute_log_probs(ref_model, tok.pad_token_id, mb["prompt_ids"], mb["response_ids"], r.temperature, budget,
-                          {ROUTED_FIELD: mb[ROUTED_FIELD]} if on else None)
+                          {ROUTED_FIELD: mb[ROUTED_FIELD]} if on else None, precision=cfg.training.precision)
 
     times = {c: {s: {} for s in ("rollout", "actor", "reference")} for c in clocks}
 
@@ -360,19 +364,29 @@ def bus_overhead(cfg: ExperimentConfig, rows: dict, reps: int = 20) -> dict:
 
 
 # --- 2. mismatch on the same weights ------------------------------------------------------------------------
-def _own_sets(model, rows) -> torch.Tensor:
-    """The trainer's own top-k expert sets (sorted) for every token of the packed rows: [B, W, layers, k]."""
+def _own_routing(model, rows, precision: str = "fp32") -> tuple[torch.Tensor, torch.Tensor]:
+    """The trainer's own routing for every token of the packed rows, in its compute precision: the top-k expert
+    sets (sorted) and their gate weights in the same order (normalised over the set), each [B, W, layers, k]."""
     packed = pack(rows["prompt_ids"], rows["response_ids"], 0)
     B, W = packed.input_ids.shape
     seen = []
-    hooks = [r.register_forward_hook(lambda m, a, out: seen.append(out[2].detach())) for r in moe_routers(model)]
+    hooks = [r.register_forward_hook(lambda m, a, out: seen.append((out[2].detach(), out[1].detach().float())))
+             for r in moe_routers(model)]
     try:
-        with torch.no_grad():
+        with torch.no_grad(), compute_precision(model, precision):
             model(input_ids=packed.input_ids, attention_mask=packed.attention_mask)
     finally:
         for h in hooks:
             h.remove()
-    return torch.stack(seen, 1).view(B, W, len(seen), -1).sort(-1).values
+    idx = torch.stack([i for i, _ in seen], 1).view(B, W, len(seen), -1)
+    gates = torch.stack([g for _, g in seen], 1).view(B, W, len(seen), -1)
+    idx, order = idx.sort(-1)
+    return idx, gates.gather(-1, order)
+
+
+def _own_sets(model, rows, precision: str = "fp32") -> torch.Tensor:
+    """The trainer's own top-k expert sets (sorted) for every token of the packed rows: [B, W, layers, k]."""
+    return _own_routing(model, rows, precision)[0]
 
 
 def _agreement(own: torch.Tensor, rows) -> dict:
@@ -394,18 +408,28 @@ def _gap(trainer_lp: list[torch.Tensor], engine_lp: list[torch.Tensor]) -> dict:
             "tokens": int(d.numel())}
 
 
-def flips(own: torch.Tensor, rows) -> dict:
-    """Where the fp32 trainer, routing by itself (R3 off), picks another top-k set than the bf16 engine recorded.
+def flips(own: torch.Tensor, rows, gates: torch.Tensor | None = None) -> dict:
+    """Where the trainer, routing by itself (R3 off), picks another top-k set than the bf16 engine recorded.
     `own`: the trainer's sets from `_own_sets`. Per row: `pair` [T, layers] (the (token, layer) pairs that
     differ); per response token t (its log-prob comes from the logits at position P + t - 1):
     `at` [R]: a flip at P + t - 1 in some layer (the token's own forward routes differently);
     `response` [R]: a flip anywhere in P - 1 .. P + t - 1 (the generated part of its context);
-    `prompt` [R]: a flip in the prompt before P - 1 (often a shared template: it touches every row alike)."""
-    out = {"pair": [], "at": [], "response": [], "prompt": []}
-    own = own.sort(-1).values  # sets, not orders
+    `prompt` [R]: a flip in the prompt before P - 1 (often a shared template: it touches every row alike).
+    With `gates` (the trainer's gate weights aligned with `own`, from `_own_routing`): `swapped` [T, layers],
+    the gate weight the trainer gives to its experts that the engine did not pick (what a flip moves)."""
+    out = {"pair": [], "at": [], "response": [], "prompt": [], "swapped": []}
+    if gates is not None:
+        own, order = own.sort(-1)
+        gates = gates.gather(-1, order)
+    else:
+        own = own.sort(-1).values  # sets, not orders
     for i, (p, r, rec) in enumerate(zip(rows["prompt_ids"], rows["response_ids"], rows[ROUTED_FIELD])):
         P, R, T = len(p), len(r), rec.shape[0] - 1  # the last entry is NOT_ROUTED
-        pair = (own[i, :T] != rec[:T].to(torch.long).sort(-1).values).any(-1)  # [T, layers]
+        rec_sets = rec[:T].to(torch.long).sort(-1).values
+        pair = (own[i, :T] != rec_sets).any(-1)  # [T, layers]
+        if gates is not None:
+            kept = (own[i, :T, :, :, None] == rec_sets[:, :, None, :]).any(-1)  # [T, layers, k]
+            out["swapped"].append((gates[i, :T] * ~kept).sum(-1))
         pos = pair.any(-1)  # [T]
         resp = torch.cummax(pos[P - 1:].to(torch.int8), 0).values.bool()
         out["pair"].append(pair)
@@ -427,6 +451,9 @@ def decomposition(fl: dict, d_off: torch.Tensor, d_on: torch.Tensor) -> dict:
     total, removed, kl_total = float(a_off.sum()) or 1.0, float((a_off - a_on).sum()), float(kl(d_off).sum()) or 1.0
     out = {"pairs_flipped": float(pairs.float().mean()), "layers": int(fl["pair"][0].shape[1]),
            "tokens": int(d_off.numel()), "removed_abs_share": removed / total}
+    if fl.get("swapped"):  # the trainer's gate weight on the experts a flip swaps out, mean over flipped pairs
+        sw = torch.cat([x.reshape(-1) for x in fl["swapped"]])[pairs]
+        out["swapped_gate_mean"] = float(sw.mean()) if sw.numel() else 0.0
 
     def part(sel):
         n = int(sel.sum())
@@ -446,9 +473,35 @@ def decomposition(fl: dict, d_off: torch.Tensor, d_on: torch.Tensor) -> dict:
     return out
 
 
-def mismatch(cfg: ExperimentConfig, state: dict, n_groups: int | None = None, threads: int = 1) -> dict:
-    """bf16 engine vs fp32 trainer on the same weights: R3 off, response replay, prompt+response replay; where
-    the routing flips and how much of the gap sits on the tokens they touch (`decomposition`)."""
+# Trainers compared beside the config's own (`training.precision`) in every mismatch measurement:
+# fp32: everything in fp32; bf16: autocast (matmuls in bf16, fp32 master weights, residual stream and norms);
+# bf16_weights: the whole trainer model cast to bf16 (weights and activations, as Megatron's Float16Module):
+# on a CPU the same kernels as the bf16 engine, so only the engine's KV-cache path and padding differ.
+TRAINERS = ("fp32", "bf16", "bf16_weights")
+
+
+def _trainer_gaps(model, pad: int, rows, precision: str, T: float, budget: int) -> dict:
+    """One trainer against the engine's log-probs of `rows`: gap without replay and with prompt + response
+    replay, the reductions, and how many (token, layer) pairs it routes differently from the engine."""
+    if precision == "bf16_weights":
+        model = copy.deepcopy(model).to(torch.bfloat16)
+        precision = "fp32"  # no autocast: the weights themselves are bf16
+    args = (model, pad, rows["prompt_ids"], rows["response_ids"], T, budget)
+    eng = rows["rollout_log_probs"]
+    off = _gap(compute_log_probs(*args, precision=precision), eng)
+    on = _gap(compute_log_probs(*args, {ROUTED_FIELD: rows[ROUTED_FIELD]}, precision=precision), eng)
+    fl = flips(_own_sets(model, rows, precision), rows)
+    pairs = torch.cat([x.reshape(-1) for x in fl["pair"]]).float()
+    return {"r3_off": off, "r3_on": on, "pairs_flipped": float(pairs.mean()),
+            "tokens_flip_at": float(torch.cat(fl["at"]).float().mean()),
+            "reduction_pct": {m: 100 * (1 - on[m] / off[m]) if off[m] else 0.0 for m in ("mean_abs", "kl_k3")}}
+
+
+def mismatch(cfg: ExperimentConfig, state: dict, n_groups: int | None = None, threads: int = 1,
+             trainers=TRAINERS) -> dict:
+    """bf16 engine vs the trainer (in `training.precision`) on the same weights: R3 off, response replay,
+    prompt+response replay; where the routing flips and how much of the gap sits on the tokens they touch
+    (`decomposition`); the same off/on gap for the other trainer precisions (`trainers`) on the same rows."""
     torch.set_num_threads(threads)
     n_groups = n_groups or 16 * cfg.rollout.prompts_per_step
     engine = _engine(cfg, state, True)
@@ -457,28 +510,29 @@ def mismatch(cfg: ExperimentConfig, state: dict, n_groups: int | None = None, th
     model.load_state_dict(state)
     prompts = _prompts(cfg, tok, n_groups, offset=10_000)
     rows = _rows(cfg, engine, prompts, True)
-    T, budget = cfg.rollout.temperature, cfg.training.micro_batch_tokens
+    T, budget, prec = cfg.rollout.temperature, cfg.training.micro_batch_tokens, cfg.training.precision
     args = (model, tok.pad_token_id, rows["prompt_ids"], rows["response_ids"], T, budget)
     engine_lp = rows["rollout_log_probs"]
-    lp = {"r3_off": compute_log_probs(*args),
+    lp = {"r3_off": compute_log_probs(*args, precision=prec),
           "r3_response": compute_log_probs(*args, {ROUTED_FIELD: [rec[len(p):] for p, rec in zip(
-              rows["prompt_ids"], rows[ROUTED_FIELD])]}),
-          "r3_on": compute_log_probs(*args, {ROUTED_FIELD: rows[ROUTED_FIELD]})}
-    out = {"engine_dtype": cfg.rollout.dtype, "rows": len(prompts),
+              rows["prompt_ids"], rows[ROUTED_FIELD])]}, precision=prec),
+          "r3_on": compute_log_probs(*args, {ROUTED_FIELD: rows[ROUTED_FIELD]}, precision=prec)}
+    out = {"engine_dtype": cfg.rollout.dtype, "trainer_precision": prec, "rows": len(prompts),
            "bytes_per_sample": bytes_per_sample({ROUTED_FIELD: rows[ROUTED_FIELD]}),
            **{k: _gap(v, engine_lp) for k, v in lp.items()},
            }
-    own = _own_sets(model, rows)
+    own, gates = _own_routing(model, rows, prec)
     out["routing_agreement"] = _agreement(own, rows)
     d = {k: torch.cat([a - b for a, b in zip(v, engine_lp)]) for k, v in lp.items()}
-    out["flips"] = decomposition(flips(own, rows), d["r3_off"], d["r3_on"])
-    if cfg.rollout.dtype != "float32":  # the floor: an fp32 engine (KV-cache incremental path vs one pass)
+    out["flips"] = decomposition(flips(own, rows, gates), d["r3_off"], d["r3_on"])
+    if cfg.rollout.dtype != "float32":  # the floor: an fp32 engine vs the fp32 trainer (KV-cache path vs one pass)
         fp32 = _rows(cfg, _engine(cfg, state, False, dtype="float32"), prompts, True)
         out["fp32_engine_r3_off"] = _gap(compute_log_probs(model, tok.pad_token_id, fp32["prompt_ids"],
                                                            fp32["response_ids"], T, budget), fp32["rollout_log_probs"])
     for key in ("r3_response", "r3_on"):
         out[f"{key}_reduction_pct"] = {m: 100 * (1 - out[key][m] / out["r3_off"][m]) if out["r3_off"][m] else 0.0
                                        for m in ("mean_abs", "kl_k3")}
+    out["trainers"] = {t: _trainer_gaps(model, tok.pad_token_id, rows, t, T, budget) for t in trainers}
     return out
 
 
@@ -621,7 +675,8 @@ def main(argv: list[str] | None = None) -> None:
                            args.schedules)
         save()
     if "mismatch" not in args.skip:
-        print("mismatch: bf16 engine vs fp32 trainer on the same weights ...", flush=True)
+        print(f"mismatch: {cfg.rollout.dtype} engine vs {cfg.training.precision} trainer on the same weights ...",
+              flush=True)
         mm = {"warmup": mismatch(cfg, state, args.mismatch_groups)}
         from safetensors.torch import load_file
 

@@ -28,5 +28,5 @@ class ReferenceRole(ModelRole):
         lps = compute_log_probs(self.model, self.tokenizer.pad_token_id, batch["prompt_ids"], batch["response_ids"],
                                 self.cfg.rollout.temperature, self.cfg.training.micro_batch_tokens,
                                 {f: batch[f] for f in r3_fields(self.cfg)},
-                                {f: batch[f] for f in input_fields(self.cfg)})
+                                {f: batch[f] for f in input_fields(self.cfg)}, self.cfg.training.precision)
         return {"ref_log_probs": lps}

@@ -92,7 +92,8 @@ def trainer_loop(actor, steps: int, rollout) -> None:
         if ref_model is not None:
             with rec.span("ref_forward", step=k, rows=batch.size):
                 batch.data["ref_log_probs"] = compute_log_probs(ref_model, pad, batch["prompt_ids"],
-                                                                batch["response_ids"], T, budget, routing)
+                                                                batch["response_ids"], T, budget, routing,
+                                                                precision=cfg.training.precision)
         t4 = time.time()
         extra = {"schedule": "verl", "rollout_residual_s": t1 - t0, "weight_sync_barrier_s": t2 - t1,
                  "old_logprob_s": t3 - t2, "ref_forward_s": t4 - t3, "trainer_wait_s": t2 - t0}

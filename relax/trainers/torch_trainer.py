@@ -5,6 +5,8 @@ A training step is a stream of micro-batches (gradients accumulate) followed by 
 loss of each micro-batch is scaled by the whole step's token/sequence counts so accumulation is exact.
 A micro-batch carrying `rollout_routed_experts` (R3, relax/moe/) is run with the rollout's expert choices
 replayed in every MoE layer, in the training forward and in the log-prob forwards alike.
+`training.precision` bf16 runs the forwards' matmuls in bf16 under torch.autocast (fp32 master weights, optimizer,
+log-softmax and loss), as a bf16 GPU trainer does; fp32 (default) runs everything in fp32.
 A micro-batch carrying `loss_mask` (multi-turn agent trajectories, relax/agent/) trains and scores only the
 tokens the mask marks (the model's own; tool and environment tokens are 0); one carrying media feature fields
 (`image_patches`, `audio_mel`, `video_frames`, relax/omni/) hands them to the model's forward as `media=`.
@@ -12,6 +14,7 @@ tokens the mask marks (the model's own; tool and environment tokens are 0); one 
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -76,11 +79,25 @@ def pack(prompts: list[torch.Tensor], responses: list[torch.Tensor], pad_id: int
     return Packed(ids, attn, pos, rid, mask)
 
 
-def token_log_probs(model, packed: Packed, temperature: float, media: list[dict] | None = None) -> torch.Tensor:
+def compute_precision(model, precision: str = "fp32"):
+    """The context a forward of `model` runs in for `training.precision`: fp32 -> none; bf16 -> torch.autocast
+    to bf16 on the model's device (matmuls in bf16 from the fp32 weights; autocast keeps softmax, norms and the
+    residual additions of fp32 tensors in fp32)."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    if precision == "bf16":
+        return torch.autocast(next(model.parameters()).device.type, dtype=torch.bfloat16)
+    raise ValueError(f"training.precision: {precision!r} (fp32 or bf16)")
+
+
+def token_log_probs(model, packed: Packed, temperature: float, media: list[dict] | None = None,
+                    precision: str = "fp32") -> torch.Tensor:
     """log pi(response token | prefix) under softmax(logits / T), [B, T], zero on padding and masked tokens.
-    `media`: per-row feature dicts for a model with media encoders (relax/omni/model.py)."""
+    `media`: per-row feature dicts for a model with media encoders (relax/omni/model.py). `precision`: the
+    forward's compute precision (`compute_precision`); the log-softmax is always fp32."""
     kw = {} if media is None else {"media": media}
-    logits = model(input_ids=packed.input_ids, attention_mask=packed.attention_mask, **kw).logits
+    with compute_precision(model, precision):
+        logits = model(input_ids=packed.input_ids, attention_mask=packed.attention_mask, **kw).logits
     idx = packed.resp_pos[..., None].expand(-1, -1, logits.size(-1))
     picked = logits.gather(1, idx).float() / temperature
     lp = torch.log_softmax(picked, dim=-1).gather(-1, packed.resp_ids[..., None]).squeeze(-1)
@@ -107,17 +124,18 @@ class TorchTrainer:
         check_config(cfg.algorithm)  # a misspelt algorithm.params key fails now, not silently later
         self.loss_fn = get_policy_loss(cfg.algorithm.policy_loss)
         self.temperature = cfg.rollout.temperature
+        self.precision = t.precision  # master weights and optimizer stay fp32 either way
 
     def log_probs(self, prompts: list[torch.Tensor], responses: list[torch.Tensor], token_budget: int,
                   routing: dict | None = None, inputs: dict | None = None) -> list[torch.Tensor]:
         return compute_log_probs(self.model, self.pad_id, prompts, responses, self.temperature, token_budget,
-                                 routing, inputs)
+                                 routing, inputs, self.precision)
 
     def accumulate(self, mb: dict, scale: LossScale) -> dict[str, float]:
         """Forward + backward of one micro-batch; gradients accumulate until `step()`."""
         packed = pack(mb["prompt_ids"], mb["response_ids"], self.pad_id, mb.get("loss_mask"))
         with replay_from_batch(self.model, mb, packed.input_ids.shape[1]):
-            logp = token_log_probs(self.model, packed, self.temperature, media_rows(mb))
+            logp = token_log_probs(self.model, packed, self.temperature, media_rows(mb), self.precision)
         old = pad_right(mb["old_log_probs"], dtype=torch.float32)
         adv = pad_right(mb["advantages"], dtype=torch.float32)
         rollout_lp = pad_right(mb["rollout_log_probs"], dtype=torch.float32) if "rollout_log_probs" in mb else None
@@ -164,10 +182,10 @@ def logp_gap(logp: torch.Tensor, rollout_lp: torch.Tensor, mask: torch.Tensor) -
 @torch.no_grad()
 def compute_log_probs(model, pad_id: int, prompts: list[torch.Tensor], responses: list[torch.Tensor],
                       temperature: float, token_budget: int, routing: dict | None = None,
-                      inputs: dict | None = None) -> list[torch.Tensor]:
+                      inputs: dict | None = None, precision: str = "fp32") -> list[torch.Tensor]:
     """Per-token log-probs of each response (no grad), micro-batched by token budget. `routing`: the rows'
     R3 fields (`rollout_routed_experts`, ...) to replay, or None. `inputs`: the rows' `loss_mask` and media
-    fields (log-probs are 0 where the mask is 0), or None."""
+    fields (log-probs are 0 where the mask is 0), or None. `precision`: training.precision of the forward."""
     inputs = inputs or {}
     was_training = model.training
     model.eval()
@@ -177,7 +195,7 @@ def compute_log_probs(model, pad_id: int, prompts: list[torch.Tensor], responses
         packed = pack(prompts[lo:hi], responses[lo:hi], pad_id, masks)
         rows = {"prompt_ids": prompts, "response_ids": responses, **(routing or {})}
         with replay_from_batch(model, rows, packed.input_ids.shape[1], slice(lo, hi)):
-            lp = token_log_probs(model, packed, temperature, media_rows(inputs, slice(lo, hi)))
+            lp = token_log_probs(model, packed, temperature, media_rows(inputs, slice(lo, hi)), precision)
         out.extend(lp[i, : len(r)].clone() for i, r in enumerate(responses[lo:hi]))
     model.train(was_training)
     return out

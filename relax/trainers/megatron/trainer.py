@@ -406,7 +406,8 @@ def build_megatron_trainer(cfg, model, pad_id: int, role: str = "actor") -> Mega
             f"{role} role yet; run with 1 GPU, or see `relax run --dry-run` for the planned layout")
     return MegatronTrainer(model.config, hf_state_from_model(model), pad_id, cfg,
                            parallel=Parallel(tp=p.tensor, pp=p.pipeline, ep=p.expert, etp=p.expert_tensor),
-                           cp=p.context, sequence_parallel=p.sequence_parallel, seed=cfg.seed)
+                           cp=p.context, sequence_parallel=p.sequence_parallel, seed=cfg.seed,
+                           bf16=cfg.training.precision == "bf16")
 
 
 __all__ = ["MegatronTrainer", "build_megatron_trainer", "init_distributed", "megatron_available", "megatron_importable", "transformer_config"]
