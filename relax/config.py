@@ -169,18 +169,18 @@ class ParallelConfig(Strict):
         return self.tensor if self.expert_tensor is None else self.expert_tensor
 
     def problems(self, gpus: int, *, heads: int | None = None, kv_heads: int | None = None,
-                 layers: int | None = None, experts: int | None = None) -> list[str]:
-        """What keeps this layout from running on `gpus` GPUs (0: one CPU process) for a model of these shapes
-        (None: unknown here). Empty when it fits."""
+                 layers: int | None = None, experts: int | None = None, unit: str = "GPU(s)") -> list[str]:
+        """What keeps this layout from running on `gpus` ranks (GPUs, or CPU ranks with `unit`; 0: one CPU
+        process) for a model of these shapes (None: unknown here). Empty when it fits."""
         out, world = [], max(int(gpus), 1)
         if world % self.model_parallel:
             out.append(f"tensor x pipeline x context = {self.tensor} x {self.pipeline} x {self.context} does not "
-                       f"divide the role's {world} GPU(s)")
+                       f"divide the role's {world} {unit}")
         if self.sequence_parallel and self.tensor == 1:
             out.append("sequence_parallel needs tensor > 1")
         if world % (self.expert * self.etp * self.pipeline):
             out.append(f"expert x expert_tensor x pipeline = {self.expert} x {self.etp} x {self.pipeline} does not "
-                       f"divide the role's {world} GPU(s)")
+                       f"divide the role's {world} {unit}")
         if self.expert_tensor not in (None, 1, self.tensor):
             out.append(f"expert_tensor must be 1 or tensor ({self.tensor})")
         if experts is not None:
@@ -216,9 +216,13 @@ class TrainingConfig(Strict):
 
 
 class RoleResources(Strict):
-    cpus: float = Field(1.0, ge=0)  # Ray logical CPUs reserved
-    threads: int = Field(1, ge=1)  # torch intra-op threads
+    cpus: float = Field(1.0, ge=0)  # Ray logical CPUs reserved (per rank for a Megatron worker group)
+    threads: int = Field(1, ge=1)  # torch intra-op threads (per rank)
     gpus: float = Field(0.0, ge=0)
+    # Ranks (one process each) of a Megatron role (training.trainer megatron). None: one per GPU (one process when
+    # the role has no GPU). Without GPUs, `workers: N` runs N CPU ranks on gloo with megatron-core's CUDA calls
+    # emulated (relax/trainers/megatron/cpu_shim.py): a test aid for the multi-rank code path, not a way to train.
+    workers: int | None = Field(None, ge=1)
 
 
 def _res(cpus: float, threads: int = 1) -> Any:
@@ -359,6 +363,19 @@ class ExperimentConfig(Strict):
     @model_validator(mode="after")
     def _check_parallel(self) -> "ExperimentConfig":
         t = self.training
+        roles = megatron_roles(self)
+        for role in ResourcesConfig.model_fields:
+            res = getattr(self.resources, role)
+            if res.workers is None:
+                continue
+            if role != "actor":
+                raise ValueError(f"resources.{role}.workers: only the actor runs a Megatron worker group (the "
+                                 f"{role} role is one process)")
+            if role not in roles:
+                raise ValueError(f"resources.{role}.workers: several ranks need training.trainer 'megatron'")
+            if res.gpus > 0 and res.workers != res.gpus:
+                raise ValueError(f"resources.{role}.workers: {res.workers} ranks on {res.gpus:g} GPU(s); a Megatron "
+                                 f"role runs one rank per GPU (leave workers unset)")
         if t.trainer == "torch":
             for name, p in (("parallel", t.parallel), ("forward_parallel", t.forward_parallel)):
                 if p is not None and p != ParallelConfig():
@@ -370,15 +387,17 @@ class ExperimentConfig(Strict):
             m = self.model
             shapes = dict(heads=m.num_heads, kv_heads=m.num_kv_heads, layers=m.num_layers,
                           experts=m.num_experts if m.kind == "tiny_qwen3_moe" else 0)
-        for role in megatron_roles(self):
+        for role in roles:
             name = "forward_parallel" if role != "actor" and t.forward_parallel is not None else "parallel"
             gpus = getattr(self.resources, role).gpus
             if role != "actor" and gpus == 0:
                 continue  # no GPUs: nothing to lay out (the forward roles run the torch model today)
             if gpus != int(gpus):
                 raise ValueError(f"resources.{role}.gpus: a Megatron role needs whole GPUs, got {gpus}")
-            for p in getattr(t, name).problems(int(gpus), **shapes):
-                raise ValueError(f"training.{name} ({role}, {int(gpus)} GPU(s)): {p}")
+            world = role_world_size(self, role)
+            unit = "GPU(s)" if gpus else "CPU rank(s)"
+            for p in getattr(t, name).problems(world, unit=unit, **shapes):
+                raise ValueError(f"training.{name} ({role}, {world} {unit}): {p}")
         if t.parallel.context > 1 and self.algorithm.loss_agg != "token-mean":
             raise ValueError("training.parallel.context > 1 needs algorithm.loss_agg 'token-mean' "
                              "(per-sequence means would span context-parallel ranks)")
@@ -412,11 +431,9 @@ class ExperimentConfig(Strict):
         return self.rollout.prompts_per_step * self.rollout.group_size
 
 
-def megatron_roles(cfg: "ExperimentConfig") -> list[str]:
-    """The roles that run the Megatron trainer or its forward when training.trainer is megatron: the Actor, the
-    Reference (when kl_coef > 0), ActorFwd (when it has resources) and the Critic (gae)."""
-    if cfg.training.trainer != "megatron":
-        return []
+def model_roles(cfg: "ExperimentConfig") -> list[str]:
+    """The roles holding the policy model's trainer or forward: the Actor, the Reference (when kl_coef > 0),
+    ActorFwd (when it has resources) and the Critic (gae)."""
     roles = ["actor"]
     if cfg.algorithm.kl_coef > 0:
         roles.append("reference")
@@ -428,9 +445,20 @@ def megatron_roles(cfg: "ExperimentConfig") -> list[str]:
     return roles
 
 
+def megatron_roles(cfg: "ExperimentConfig") -> list[str]:
+    """The roles that run the Megatron trainer or its forward when training.trainer is megatron."""
+    return model_roles(cfg) if cfg.training.trainer == "megatron" else []
+
+
 def role_parallel(cfg: "ExperimentConfig", role: str) -> ParallelConfig:
     t = cfg.training
     return t.forward_parallel if role != "actor" and t.forward_parallel is not None else t.parallel
+
+
+def role_world_size(cfg: "ExperimentConfig", role: str) -> int:
+    """Ranks of a Megatron role: `resources.<role>.workers`, else one per GPU (1 without GPUs)."""
+    r = getattr(cfg.resources, role)
+    return r.workers if r.workers is not None else max(int(r.gpus), 1)
 
 
 class ConfigError(ValueError):

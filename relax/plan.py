@@ -63,15 +63,11 @@ def model_facts(cfg) -> tuple[dict | None, str]:
 
 
 def _roles(cfg) -> list[str]:
-    names = ["rollout", "reward", "advantages", "actor"]
-    if cfg.algorithm.kl_coef > 0:
-        names.insert(2, "reference")
-    r = cfg.resources.actor_fwd
-    if r.cpus > 0 or r.gpus > 0:
-        names.append("actor_fwd")
-    if cfg.algorithm.advantage == "gae":
-        names.append("critic")
-    return names
+    from relax.config import model_roles
+
+    model = model_roles(cfg)
+    return ["rollout", "reward", *(["reference"] if "reference" in model else []), "advantages",
+            *(r for r in model if r != "reference")]
 
 
 def _res(cfg, role):
@@ -119,6 +115,7 @@ def megatron_layout(cfg, gpus: int, hf: dict | None, override: dict | None = Non
 
 
 def resolve_plan(cfg, *, parallel: dict | None = None, gpus_per_node: int = GPUS_PER_NODE, base_port: int = 30000) -> dict:
+    from relax.config import role_world_size
     from relax.engines.sglang import engine_tp_size, sglang_command
 
     hf, source = model_facts(cfg)
@@ -182,12 +179,15 @@ def resolve_plan(cfg, *, parallel: dict | None = None, gpus_per_node: int = GPUS
         if backend == "megatron":
             lay = megatron_layout(cfg, int(res.gpus), hf, parallel, role=role)
             lay["forward_only"] = role != "actor"
-            n = int(res.gpus)
-            lay["launch"] = (f"{n} worker(s), one per GPU bundle of {entry['placement_group'] or '-'}, env RANK=0..{n - 1} "
-                             f"WORLD_SIZE={n} MASTER_ADDR=<bundle 0 node>; torch.distributed NCCL + Megatron parallel state")
-            if n > 1:
-                plan["notes"].append(f"{role}: the {n}-GPU Megatron worker group is planned but not started by the roles "
-                                     "yet (a Megatron role runs as one process today)")
+            n = role_world_size(cfg, role)
+            pg = entry["placement_group"] or "-"
+            lay["launch"] = (f"{n} rank(s), one per GPU bundle of {pg}, env RANK=0..{n - 1} WORLD_SIZE={n} "
+                             f"MASTER_ADDR=<bundle 0 node>: rank 0 is the {role} role's process (bundle 0), ranks "
+                             f"1..{n - 1} Ray workers (MegatronRank) on the other bundles; torch.distributed NCCL + "
+                             "Megatron parallel state")
+            if role != "actor":
+                plan["notes"].append(f"{role}: runs the transformers model in one process today (the Megatron "
+                                     "forward group is built for the Actor only)")
             lay["micro_batch_tokens"] = cfg.training.micro_batch_tokens
             problems += [f"{role}: {p}" for p in lay["problems"]]
             plan["megatron"][role] = lay

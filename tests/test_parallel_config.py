@@ -55,3 +55,18 @@ def test_model_shapes_known_to_the_config_are_checked():
     assert "tensor=4 does not divide num_kv_heads=2" in _err(R3, *tiny, "model.num_experts=8")
     assert "expert > 1 needs a MoE model" in _err(R3, *tiny[1:], "model.kind=tiny_qwen3")
     load_config(R3, [*tiny, "model.num_experts=8", "model.num_kv_heads=4", "model.num_heads=8"])  # fits
+
+
+def test_actor_workers_set_the_megatron_world_size_on_cpu():
+    from relax.config import role_world_size
+
+    cpu = "experiments/async/cpu.yaml"
+    cfg = load_config(cpu, ["training.trainer=megatron", "resources.actor.workers=2", "training.parallel.tensor=2"])
+    assert role_world_size(cfg, "actor") == 2 and role_world_size(load_config(ASYNC), "actor") == 8
+    assert "training.parallel (actor, 2 CPU rank(s))" in _err(cpu, "training.trainer=megatron", "resources.actor.workers=2",
+                                                            "training.parallel.tensor=4")
+    assert "resources.actor.workers: several ranks need training.trainer 'megatron'" in _err(
+        cpu, "resources.actor.workers=2")
+    assert "only the actor runs a Megatron worker group" in _err(cpu, "training.trainer=megatron",
+                                                                 "resources.reference.workers=2")
+    assert "one rank per GPU" in _err(ASYNC, "resources.actor.workers=4")

@@ -22,7 +22,8 @@ def test_async_plan_has_every_role_pool_and_launch_command():
     assert (actor["tp"], actor["pp"], actor["cp"], actor["ep"], actor["dp"]) == (2, 1, 1, 1, 4)
     assert actor["sequence_parallel"] and not actor["forward_only"] and plan["megatron"]["reference"]["forward_only"]
     assert "WORLD_SIZE=8" in actor["launch"] and "actor_pg" in actor["launch"]
-    assert any(n.startswith("actor: the 8-GPU Megatron worker group is planned but not started") for n in plan["notes"])
+    assert "rank 0 is the actor role's process" in actor["launch"] and not any(
+        n.startswith("actor:") for n in plan["notes"])  # the Actor's 8-rank group is started (MegatronGroup)
     cmds = plan["rollout"]["commands"]
     assert len(cmds) == 4 and len({c["port"] for c in cmds}) == 4
     assert all("sglang.launch_server" in c["command"] and "--model-path /models/Qwen3-4B" in c["command"]

@@ -64,6 +64,7 @@ class Supervisor:
         self.futs: dict = {}
         self.restarting: dict = {}  # ready() ref of a replacement -> (role key, handle, event)
         self.pids: dict[str, int] = {}
+        self.pgs: dict = {}  # placement groups of GPU roles (a Megatron Actor's ranks), kept across restarts
         self.injector = FaultInjector(self.cfg.faults, self._pid_for)
         self.t_start = time.time()
 
@@ -114,8 +115,16 @@ class Supervisor:
         elif name == "actor":
             kwargs = {"ckpt_dir": str(self.ckpt_dir), "resume": resume}
         actor_name = f"relax-{key}" + (f"-restart{gen - 1}" if gen > 1 else "")
-        return ROLE_CLASSES[name].options(num_cpus=res.cpus, name=actor_name).remote(
-            cfg, c.bus, c.telemetry, self.dcs, res.threads, **kwargs)
+        opts = {"num_cpus": res.cpus, "name": actor_name}
+        if name == "actor" and cfg.training.trainer == "megatron" and res.gpus > 0:
+            # Megatron on GPUs: the role is rank 0 of its group, on bundle 0 of the role's placement group (one
+            # GPU bundle per rank, made once; a restarted Actor's ranks take the bundles its dead ranks freed).
+            from relax.trainers.megatron.group import gpu_placement_group, rank_options
+
+            if name not in self.pgs:
+                self.pgs[name] = gpu_placement_group(cfg, name)
+            opts.update(rank_options(self.pgs[name], 0))
+        return ROLE_CLASSES[name].options(**opts).remote(cfg, c.bus, c.telemetry, self.dcs, res.threads, **kwargs)
 
     def _start_replica(self, handle, index: int, start: int | None = None, recover: bool = False):
         """A replica's run loop, from the oldest partition not yet trained (a replica added mid-run too)."""

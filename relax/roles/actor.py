@@ -92,7 +92,7 @@ class ActorRole(ModelRole):
             return
         with self.rec.span("checkpoint", step=k):
             self.ckpt_dir.mkdir(parents=True, exist_ok=True)
-            for name, obj in (("optimizer.pt", {"version": k + 1, "optimizer": self.trainer.opt.state_dict()}),
+            for name, obj in (("optimizer.pt", {"version": k + 1, "optimizer": self.trainer.optimizer_state()}),
                               ("weights.pt", state_dict_cpu(self.model))):
                 tmp = self.ckpt_dir / f".{name}.tmp"
                 torch.save(obj, tmp)
@@ -104,7 +104,7 @@ class ActorRole(ModelRole):
             return {"checkpoint_version": None}
         t0 = time.time()
         ck = torch.load(path, weights_only=False)
-        self.trainer.opt.load_state_dict(ck["optimizer"])
+        self.trainer.load_optimizer_state(ck["optimizer"])
         return {"checkpoint_version": ck["version"], "optimizer_load_s": time.time() - t0,
                 "optimizer_bytes": path.stat().st_size}
 

@@ -126,6 +126,12 @@ class TorchTrainer:
         self.temperature = cfg.rollout.temperature
         self.precision = t.precision  # master weights and optimizer stay fp32 either way
 
+    def optimizer_state(self) -> dict:
+        return self.opt.state_dict()
+
+    def load_optimizer_state(self, state: dict) -> None:
+        self.opt.load_state_dict(state)
+
     def log_probs(self, prompts: list[torch.Tensor], responses: list[torch.Tensor], token_budget: int,
                   routing: dict | None = None, inputs: dict | None = None) -> list[torch.Tensor]:
         return compute_log_probs(self.model, self.pad_id, prompts, responses, self.temperature, token_budget,

@@ -53,7 +53,7 @@ def _te_available() -> bool:
     return True
 
 
-def init_distributed(par: Parallel, cp: int = 1, seed: int = 0) -> None:
+def init_distributed(par: Parallel, cp: int = 1, seed: int = 0, timeout_s: float | None = None) -> None:
     """torch.distributed + Megatron's parallel state, once per process. NCCL on CUDA; on a CPU-only machine gloo
     with `cpu_shim` (megatron-core's CUDA calls emulated on the CPU: a test aid, see cpu_shim.py)."""
     import torch.distributed as dist
@@ -77,7 +77,10 @@ def init_distributed(par: Parallel, cp: int = 1, seed: int = 0) -> None:
         rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
         if cuda:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank % max(torch.cuda.device_count(), 1))))
-        dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
+        from datetime import timedelta
+
+        dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world,
+                                timeout=timedelta(seconds=timeout_s) if timeout_s else None)
     if ps.model_parallel_is_initialized() and (
             ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size(),
             ps.get_context_parallel_world_size(), ps.get_expert_model_parallel_world_size(),
@@ -144,7 +147,7 @@ class MegatronTrainer:
 
     def __init__(self, hf_config, hf_state: dict[str, torch.Tensor] | None, pad_id: int, cfg, *,
                  parallel: Parallel = Parallel(), cp: int = 1, bf16: bool = False, seed: int = 0,
-                 sequence_parallel: bool | None = None):
+                 sequence_parallel: bool | None = None, timeout_s: float | None = None):
         from megatron.core import parallel_state as ps
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from megatron.core.models.gpt import GPTModel
@@ -168,7 +171,7 @@ class MegatronTrainer:
                                            expert_layout="te_grouped" if te else "sequential")
         parallel.check(self.L)
         self.par, self.cp, self.cfg, self.pad_id = parallel, cp, cfg, pad_id
-        init_distributed(parallel, cp, seed)
+        init_distributed(parallel, cp, seed, timeout_s)
         c = hf_config if isinstance(hf_config, dict) else hf_config.to_dict()
         self.tcfg = transformer_config(self.L, parallel, cp, rms_eps=c.get("rms_norm_eps", 1e-6), bf16=bf16,
                                        sequence_parallel=sequence_parallel)
@@ -284,7 +287,7 @@ class MegatronTrainer:
             logits[..., max(first_pad, 0):] = -1e30
         return -vocab_parallel_cross_entropy(logits, targets)
 
-    def _forward(self, batch: dict, forward_only: bool, scale: LossScale | None):
+    def _forward(self, batch: dict, forward_only: bool, scale: LossScale | None, weight: float = 1.0):
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         b = {k: v.cuda(non_blocking=True) for k, v in batch.items()}
@@ -305,7 +308,7 @@ class MegatronTrainer:
                 metrics["kl"] = float((kl.detach() * b["mask"]).sum() / b["mask"].sum().clamp(min=1))
             metrics["loss"] = float(loss.detach())
             out["metrics"] = metrics
-            return loss * self.dp_size, {}
+            return loss * (self.dp_size * weight), {}
 
         def step_func(data_iterator, model):
             d = next(data_iterator)
@@ -357,7 +360,10 @@ class MegatronTrainer:
         return torch.cat(chunks, dim=1)
 
     def accumulate(self, mb: dict, scale: LossScale) -> dict[str, float]:
-        """Forward + backward of one micro-batch; gradients accumulate until `step()`."""
+        """Forward + backward of one micro-batch; gradients accumulate until `step()`. `mb["loss_weight"]` 0: a
+        placeholder row that adds nothing (a data-parallel rank with no row of this micro-batch still runs its
+        forward and backward, so the collectives of expert / pipeline parallelism match); no metrics then."""
+        weight = float(mb.get("loss_weight", 1.0))
         fields = {"old_log_probs": mb["old_log_probs"], "advantages": mb["advantages"]}
         for k in ("rollout_log_probs", "ref_log_probs"):
             if k in mb:
@@ -365,8 +371,14 @@ class MegatronTrainer:
         bt = self._batch(mb["prompt_ids"], mb["response_ids"], fields)
         full = {"input_ids": bt.input_ids, "position_ids": bt.position_ids, "targets": bt.targets, "mask": bt.mask,
                 **bt.fields}
-        out = self._forward(self._cp_split(full), False, scale)
-        return out.get("metrics", {})
+        out = self._forward(self._cp_split(full), False, scale, weight)
+        return out.get("metrics", {}) if weight else {}
+
+    def optimizer_state(self) -> dict:
+        return self.opt.state_dict()
+
+    def load_optimizer_state(self, state: dict) -> None:
+        self.opt.load_state_dict(state)
 
     def divide_grads(self, denom: float) -> None:
         """Divide the accumulated gradients (Megatron DDP's grad buffers) by the step's loss denominator."""
@@ -391,19 +403,19 @@ class MegatronTrainer:
         return {"grad_norm": float(grad_norm) if grad_norm is not None else float("nan"), "update_ok": bool(ok)}
 
 
-def build_megatron_trainer(cfg, model, pad_id: int, role: str = "actor") -> MegatronTrainer:
+def build_megatron_trainer(cfg, model, pad_id: int, role: str = "actor"):
     """The Megatron trainer of one role from the experiment config, loaded with `model`'s (transformers) weights.
-    One process: world size 1 (one GPU, or the CPU under cpu_shim when the role has no GPU). A multi-GPU group
-    (one Ray worker per GPU with RANK / WORLD_SIZE) is not built by the roles yet."""
-    from relax.config import role_parallel
+    World size 1 (`relax.config.role_world_size`): this process (one GPU, or the CPU under cpu_shim). More: a
+    `MegatronGroup` (relax/trainers/megatron/group.py) with this process as rank 0 and a Ray worker per other rank."""
+    from relax.config import role_parallel, role_world_size
     from relax.trainers.megatron.convert import hf_state_from_model
 
+    world = role_world_size(cfg, role)
+    if world > 1:
+        from relax.trainers.megatron.group import MegatronGroup
+
+        return MegatronGroup(cfg, model, pad_id, world, role)
     p = role_parallel(cfg, role)
-    gpus = int(getattr(cfg.resources, role).gpus)
-    if gpus > 1 and "WORLD_SIZE" not in os.environ:
-        raise NotImplementedError(
-            f"resources.{role}.gpus={gpus}: a multi-GPU Megatron group (one worker per GPU) is not started by the "
-            f"{role} role yet; run with 1 GPU, or see `relax run --dry-run` for the planned layout")
     return MegatronTrainer(model.config, hf_state_from_model(model), pad_id, cfg,
                            parallel=Parallel(tp=p.tensor, pp=p.pipeline, ep=p.expert, etp=p.expert_tensor),
                            cp=p.context, sequence_parallel=p.sequence_parallel, seed=cfg.seed,
