@@ -356,3 +356,39 @@ def test_flip_decomposition_locates_routing_flips_by_token():
     assert at["share_of_abs_off"] == pytest.approx(0.5 / 1.1) and at["share_of_removed"] == pytest.approx(0.4 / 0.5)
     assert out["no_flip_at"]["mean_abs_on"] == pytest.approx(0.1)
     assert out["flip_anywhere"]["tokens_share"] == pytest.approx(5 / 6)
+    # With the trainer's gate weights (aligned with `own`): the weight a flip moves is the trainer's gate on the
+    # experts the engine did not pick (row 0: expert 4 of {2, 4}; row 1: expert 5 of {0, 5}).
+    gates = torch.full(own.shape, 0.5)
+    gates[0, P, 1] = torch.tensor([0.7, 0.3])
+    gates[1, 1, 0] = torch.tensor([0.9, 0.1])
+    out = decomposition(flips(own, rows, gates), d_off, d_on)
+    assert out["swapped_gate_mean"] == pytest.approx((0.3 + 0.1) / 2)
+    # The paired bootstrap interval of the reduction: every row cut by half -> 50% whatever the resample.
+    from relax.moe.experiment import reduction_ci
+
+    ci = reduction_ci([torch.tensor([0.2, -0.4]), torch.tensor([0.1])], [torch.tensor([0.1, -0.2]), torch.tensor([0.05])])
+    assert ci["mean_abs"] == pytest.approx([50.0, 50.0])
+
+
+def test_mismatch_study_measures_each_trainer_precision_on_the_same_rows():
+    """relax.moe.experiment.mismatch on a tiny config (strongly routed random weights, 16 rows): the config's
+    bf16 trainer and, beside it, fp32 and bf16-weights trainers, each R3 off/on on the same engine rows."""
+    from relax.config import load_config
+    from relax.moe.experiment import TRAINERS, mismatch
+
+    cfg = load_config("experiments/r3_moe/cpu.yaml", [
+        f"model.{k}={v}" for k, v in MC.model_dump().items() if k in (
+            "hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size", "num_experts",
+            "experts_per_token")] + ["rollout.group_size=8", "rollout.max_new_tokens=6"])
+    assert cfg.training.precision == "bf16"  # the study's config trains in bf16, as the paper's Megatron
+    model, _ = _model()
+    out = mismatch(cfg, state_dict_cpu(model), n_groups=2)
+    assert out["trainer_precision"] == "bf16" and out["rows"] == 16 and set(out["trainers"]) == set(TRAINERS)
+    assert out["trainers"]["bf16"]["r3_on"] == out["r3_on"]  # the config's own trainer is the headline
+    for name, g in out["trainers"].items():
+        for m in ("mean_abs", "kl_k3"):
+            lo, hi = g["reduction_ci95"][m]
+            assert lo <= hi, (name, m)
+    # Replay helps the bf16 trainer here (routing flips dominate a strongly routed random model).
+    assert out["r3_on"]["mean_abs"] < out["r3_off"]["mean_abs"]
+    assert 0 < out["flips"]["swapped_gate_mean"] < 1

@@ -408,6 +408,23 @@ def _gap(trainer_lp: list[torch.Tensor], engine_lp: list[torch.Tensor]) -> dict:
             "tokens": int(d.numel())}
 
 
+def reduction_ci(d_off: list[torch.Tensor], d_on: list[torch.Tensor], n: int = 1000, seed: int = 0) -> dict:
+    """95% interval of R3's reduction (mean |dlogp| and k3 KL, %) by a paired bootstrap over rows: the rows of
+    one sample are resampled with replacement, off and on together (the same tokens), `n` times."""
+    g = torch.Generator().manual_seed(seed)
+    kl = lambda d: d.clamp(max=30).exp() - 1 - d  # noqa: E731
+    stats = {}
+    for name, f in (("mean_abs", torch.abs), ("kl_k3", kl)):
+        off = torch.tensor([float(f(d).sum()) for d in d_off])
+        on = torch.tensor([float(f(d).sum()) for d in d_on])
+        idx = torch.randint(0, len(off), (n, len(off)), generator=g)
+        o = off[idx].sum(1)
+        red = torch.where(o > 0, 100 * (1 - on[idx].sum(1) / o.clamp(min=1e-30)), torch.zeros_like(o))
+        lo, hi = torch.quantile(red, torch.tensor([0.025, 0.975])).tolist()
+        stats[name] = [lo, hi]
+    return stats
+
+
 def flips(own: torch.Tensor, rows, gates: torch.Tensor | None = None) -> dict:
     """Where the trainer, routing by itself (R3 off), picks another top-k set than the bf16 engine recorded.
     `own`: the trainer's sets from `_own_sets`. Per row: `pair` [T, layers] (the (token, layer) pairs that
@@ -488,13 +505,15 @@ def _trainer_gaps(model, pad: int, rows, precision: str, T: float, budget: int) 
         precision = "fp32"  # no autocast: the weights themselves are bf16
     args = (model, pad, rows["prompt_ids"], rows["response_ids"], T, budget)
     eng = rows["rollout_log_probs"]
-    off = _gap(compute_log_probs(*args, precision=precision), eng)
-    on = _gap(compute_log_probs(*args, {ROUTED_FIELD: rows[ROUTED_FIELD]}, precision=precision), eng)
+    lp_off = compute_log_probs(*args, precision=precision)
+    lp_on = compute_log_probs(*args, {ROUTED_FIELD: rows[ROUTED_FIELD]}, precision=precision)
+    off, on = _gap(lp_off, eng), _gap(lp_on, eng)
     fl = flips(_own_sets(model, rows, precision), rows)
     pairs = torch.cat([x.reshape(-1) for x in fl["pair"]]).float()
     return {"r3_off": off, "r3_on": on, "pairs_flipped": float(pairs.mean()),
             "tokens_flip_at": float(torch.cat(fl["at"]).float().mean()),
-            "reduction_pct": {m: 100 * (1 - on[m] / off[m]) if off[m] else 0.0 for m in ("mean_abs", "kl_k3")}}
+            "reduction_pct": {m: 100 * (1 - on[m] / off[m]) if off[m] else 0.0 for m in ("mean_abs", "kl_k3")},
+            "reduction_ci95": reduction_ci([a - b for a, b in zip(lp_off, eng)], [a - b for a, b in zip(lp_on, eng)])}
 
 
 def mismatch(cfg: ExperimentConfig, state: dict, n_groups: int | None = None, threads: int = 1,
@@ -532,7 +551,13 @@ def mismatch(cfg: ExperimentConfig, state: dict, n_groups: int | None = None, th
     for key in ("r3_response", "r3_on"):
         out[f"{key}_reduction_pct"] = {m: 100 * (1 - out[key][m] / out["r3_off"][m]) if out["r3_off"][m] else 0.0
                                        for m in ("mean_abs", "kl_k3")}
-    out["trainers"] = {t: _trainer_gaps(model, tok.pad_token_id, rows, t, T, budget) for t in trainers}
+    out["r3_on_reduction_ci95"] = reduction_ci([a - b for a, b in zip(lp["r3_off"], engine_lp)],
+                                               [a - b for a, b in zip(lp["r3_on"], engine_lp)])
+    fl = out["flips"]
+    out["trainers"] = {t: _trainer_gaps(model, tok.pad_token_id, rows, t, T, budget) if t != prec else {
+        "r3_off": out["r3_off"], "r3_on": out["r3_on"], "pairs_flipped": fl["pairs_flipped"],
+        "tokens_flip_at": fl["flip_at"]["tokens_share"], "reduction_pct": out["r3_on_reduction_pct"],
+        "reduction_ci95": out["r3_on_reduction_ci95"]} for t in trainers}
     return out
 
 

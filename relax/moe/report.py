@@ -17,7 +17,7 @@ from relax.metrics.tables import write_rows
 RESULTS_FILE = "r3_results.json"
 REPO_PUBLISHED = Path(__file__).resolve().parents[2] / "results" / "published" / "relax_paper.csv"
 NOTE = ("Measured: tiny Qwen3-MoE ({model}) on a 2-core CPU shared with other jobs (load average {load}), rollout "
-        "engine bf16, trainer fp32. Side-by-side overheads: R3 off and on alternate unit by unit on the same inputs "
+        "engine bf16, trainer {precision}. Side-by-side overheads: R3 off and on alternate unit by unit on the same inputs "
         "and seeds, timed in thread CPU time (wall time beside it); they carry a few % of noise from the load. "
         "\"R3's own work, timed\": the pieces R3 adds, each timed in a tight loop, over the step's time: precise, "
         "but it leaves out cache effects. End-to-end runs are separate runs and noisier still. Published: Relax "
@@ -27,17 +27,25 @@ NOTE = ("Measured: tiny Qwen3-MoE ({model}) on a 2-core CPU shared with other jo
         "replay on the trainer's critical path). veRL's published 32% also pays for its data path, which the "
         "emulation does not reproduce: routed experts travel as a dense padded [batch, max prompt + response, "
         "layers, k] tensor through the single-controller driver and are broadcast to the workers (the transfer "
-        "volume reported in verl issue #6211). Mismatch: R3 removes the routing flips' share of the bf16-vs-fp32 "
+        "volume reported in verl issue #6211). Mismatch: R3 removes the routing flips' share of the engine-vs-trainer "
         "gap; the dense bf16 noise on every token stays, so the reduction depends on how many tokens' forwards "
-        "route differently (more layers and a larger top-k: more).")
+        "route differently and how far a flip moves the log-prob. Trainers beside the config's: fp32; bf16 "
+        "(autocast: bf16 matmuls, fp32 master weights, residual stream and norms); bf16 weights (the whole model "
+        "cast to bf16: on a CPU the same kernels as the engine, so it differs from it only by the KV-cache path "
+        "and padding, unlike Megatron against SGLang on GPUs). Intervals: paired bootstrap over rows (95%).")
+
+
+TRAINER_LABEL = {"fp32": "fp32", "bf16": "bf16 autocast", "bf16_weights": "bf16 weights (same CPU kernels as the engine)"}
 
 
 def _note(res: dict) -> str:
     m = res.get("model") or {}
     model = (f"{m.get('num_layers')} MoE layers, {m.get('num_experts')} experts, top-{m.get('experts_per_token')}, "
              f"hidden {m.get('hidden_size')}") if m else "see the config"
-    load = (res.get("overhead") or {}).get("load_before") or ["?"]
-    return NOTE.format(model=model, load=load[0])
+    load = (res.get("overhead") or {}).get("load_before") or res.get("load_start") or ["?"]
+    prec = ((res.get("mismatch") or {}).get("warmup") or {}).get("trainer_precision", "fp32")
+    prec = {"fp32": "fp32", "bf16": "bf16 mixed precision (autocast, fp32 master weights)"}.get(prec, prec)
+    return NOTE.format(model=model, load=load[0], precision=prec)
 
 
 def published(results_root: Path) -> dict[tuple[str, str], float]:
@@ -126,12 +134,26 @@ def r3_rows(res: dict, pub: dict) -> list[dict]:
             "not measured: the emulated veRL schedule does not read the R3 fields (no SUPPORTS_R3)")
     for state, mm in _mismatches(res).items():
         red = mm["r3_on_reduction_pct"]
+        ci = mm.get("r3_on_reduction_ci95") or {}
+        ci_s = lambda m: f"; 95% interval {ci[m][0]:.0f}..{ci[m][1]:.0f}%" if m in ci else ""  # noqa: E731
+        prec = mm.get("trainer_precision", "fp32")
         add(f"mismatch reduction, mean |dlogp| ({state} weights)", _r(red["mean_abs"], 1),
             pub.get(("relax", "r3_logprob_mismatch_reduction")), "%",
-            f"{mm['r3_off']['mean_abs']:.5f} -> {mm['r3_on']['mean_abs']:.5f} over {mm['r3_off']['tokens']} tokens; "
-            f"response-only replay: {mm['r3_response_reduction_pct']['mean_abs']:.1f}%")
+            f"bf16 engine vs {prec} trainer: {mm['r3_off']['mean_abs']:.5f} -> {mm['r3_on']['mean_abs']:.5f} over "
+            f"{mm['r3_off']['tokens']} tokens{ci_s('mean_abs')}; response-only replay: "
+            f"{mm['r3_response_reduction_pct']['mean_abs']:.1f}%")
         add(f"mismatch reduction, KL engine||trainer ({state} weights)", _r(red["kl_k3"], 1), None, "%",
-            f"{mm['r3_off']['kl_k3']:.2e} -> {mm['r3_on']['kl_k3']:.2e} (k3 on sampled tokens)")
+            f"{mm['r3_off']['kl_k3']:.2e} -> {mm['r3_on']['kl_k3']:.2e} (k3 on sampled tokens){ci_s('kl_k3')}")
+        for t, g in (mm.get("trainers") or {}).items():
+            if t == prec:
+                continue
+            tci = g.get("reduction_ci95") or {}
+            add(f"  mismatch reduction |dlogp| / KL, {TRAINER_LABEL.get(t, t)} trainer ({state} weights)",
+                _r(g["reduction_pct"]["mean_abs"], 1), None, "%",
+                f"|dlogp| {g['r3_off']['mean_abs']:.5f} -> {g['r3_on']['mean_abs']:.5f}"
+                + (f" (95% {tci['mean_abs'][0]:.0f}..{tci['mean_abs'][1]:.0f}%)" if tci else "")
+                + f"; KL {g['reduction_pct']['kl_k3']:.0f}%; (token, layer) pairs routed differently: "
+                  f"{100 * g['pairs_flipped']:.2f}%, response tokens with a flip: {100 * g['tokens_flip_at']:.1f}%")
         ag = mm["routing_agreement"]
         add(f"trainer routes as the engine, R3 off ({state} weights)", _r(100 * ag["response"], 1), None, "%",
             f"response tokens x layers with the same top-k set (prompt: {100 * ag['prompt']:.1f}%)")
@@ -140,10 +162,12 @@ def r3_rows(res: dict, pub: dict) -> list[dict]:
             at, no = fl["flip_at"], fl["no_flip_at"]
             add(f"tokens with a routing flip, R3 off ({state} weights)", _r(100 * at["tokens_share"], 1), None, "%",
                 f"response tokens whose own forward routes differently in at least one of {fl['layers']} layers "
-                f"(fp32 trainer vs bf16 engine); a flip in the generated context: "
+                f"({mm.get('trainer_precision', 'fp32')} trainer vs bf16 engine); a flip in the generated context: "
                 f"{100 * fl['flip_response']['tokens_share']:.1f}%, in the prompt: "
                 f"{100 * fl['flip_prompt']['tokens_share']:.1f}%; (token, layer) pairs: "
-                f"{100 * fl['pairs_flipped']:.2f}%")
+                f"{100 * fl['pairs_flipped']:.2f}%"
+                + (f"; a flip moves {100 * fl['swapped_gate_mean']:.1f}% of the pair's gate weight (mean)"
+                   if fl.get("swapped_gate_mean") is not None else ""))
             if at["tokens_share"] and no["tokens_share"]:
                 removed = at.get("share_of_removed")
                 add(f"  mean |dlogp| on flipped / unflipped tokens ({state} weights)", _r(at["mean_abs_off"], 5), None,
@@ -180,7 +204,7 @@ def plot_r3(res: dict, pub: dict, path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 4, figsize=(21, 4.8))
+    fig, axes = plt.subplots(1, 5, figsize=(26, 4.8))
     ax = axes[0]
     labels, vals, colors = [], [], []
     oh = res.get("overhead")
@@ -236,7 +260,9 @@ def plot_r3(res: dict, pub: dict, path: Path) -> Path:
         ax.scatter(list(x), floor, marker="_", s=400, color="black", label="fp32 engine (floor)", zorder=3)
     red = pub.get(("relax", "r3_logprob_mismatch_reduction"))
     ax.set_xticks(list(x), [s.replace("_", " ").replace(", ", "\n") for s in states], fontsize=6)
-    ax.set(title="bf16 engine vs fp32 trainer, same weights" + (f"\n(published reduction: {red:.0f}%)" if red else ""),
+    precs = {mm[s].get("trainer_precision", "fp32") for s in states}
+    ax.set(title=f"bf16 engine vs {'/'.join(sorted(precs)) or 'fp32'} trainer, same weights"
+           + (f"\n(published reduction: {red:.0f}%)" if red else ""),
            ylabel="mean |delta log-prob| on rollout tokens")
     ax.legend(fontsize=6, loc="lower left", framealpha=0.8)
 
@@ -259,6 +285,26 @@ def plot_r3(res: dict, pub: dict, path: Path) -> Path:
         ax.legend(fontsize=7)
 
     ax = axes[3]
+    trainers = [t for t in TRAINER_LABEL if any(t in (mm[st].get("trainers") or {}) for st in states)]
+    w = 0.8 / max(2 * len(trainers), 1)
+    colors = {"fp32": "#1f77b4", "bf16": "#d62728", "bf16_weights": "#9467bd"}
+    for j, (t, m) in enumerate((t, m) for t in trainers for m in ("mean_abs", "kl_k3")):
+        vals = [(mm[st].get("trainers") or {}).get(t, {}).get("reduction_pct", {}).get(m, float("nan")) for st in states]
+        cis = [(mm[st].get("trainers") or {}).get(t, {}).get("reduction_ci95", {}).get(m) for st in states]
+        pos = [i + (j - len(trainers) + 0.5) * w for i in range(len(states))]
+        err = [[v - c[0] if c else 0 for v, c in zip(vals, cis)], [c[1] - v if c else 0 for v, c in zip(vals, cis)]]
+        ax.bar(pos, vals, w, yerr=err, capsize=2, color=colors.get(t), alpha=1.0 if m == "mean_abs" else 0.45,
+               hatch="" if m == "mean_abs" else "..", label=f"{TRAINER_LABEL[t]}: {'|dlogp|' if m == 'mean_abs' else 'KL'}")
+    if red:
+        ax.axhline(red, color="black", ls="--", lw=1, label=f"published |dlogp| reduction ({red:.0f}%)")
+    ax.axhline(0, color="black", lw=0.6)
+    ax.set_xticks(range(len(states)), [s.replace("_", " ").replace(", ", "\n") for s in states], fontsize=6)
+    ax.set(title="R3's mismatch reduction by trainer precision\n(bf16 engine; bars: 95% bootstrap over rows)",
+           ylabel="reduction with R3 (%)")
+    if trainers:
+        ax.legend(fontsize=6, loc="upper left", framealpha=0.8)
+
+    ax = axes[4]
     for schedule, s in (res.get("runs") or {}).items():
         for mode, color in (("off", "#7f7f7f"), ("on", "#d62728")):
             for i, run in enumerate(s[mode]):
