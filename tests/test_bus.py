@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import random
-import shutil
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -59,20 +57,15 @@ def assert_whole_groups(batch: Batch) -> None:
 
 
 @pytest.fixture(scope="module")
-def bus(request) -> Bus:
-    tmp = tempfile.mkdtemp(prefix="rbus", dir="/tmp")  # short: Ray's socket paths must fit 107 chars
-    started: list[Bus] = []
+def bus():
+    from relax.controller import RaySession
 
-    def shutdown():
-        for b in started:
+    with RaySession(num_cpus=8):
+        b = Bus.start(BusConfig(capacity_rows=CAPACITY), group_size=G, max_staleness=1)
+        try:
+            yield b
+        finally:
             b.close()
-        ray.shutdown()
-        shutil.rmtree(tmp, ignore_errors=True)
-
-    request.addfinalizer(shutdown)
-    ray.init(num_cpus=8, include_dashboard=False, _temp_dir=tmp, logging_level="WARNING")
-    started.append(Bus.start(BusConfig(capacity_rows=CAPACITY), group_size=G, max_staleness=1))
-    return started[0]
 
 
 @pytest.fixture

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import sys
-import tempfile
 
 import pytest
 import ray
@@ -74,11 +72,10 @@ class Member:
 
 @pytest.fixture(scope="module", params=["gloo"])
 def ray_session():
-    tmp = tempfile.mkdtemp(prefix="relax-dcs-test-", dir="/tmp")
-    ray.init(num_cpus=4, include_dashboard=False, _temp_dir=tmp, logging_level="WARNING")
-    yield
-    ray.shutdown()
-    shutil.rmtree(tmp, ignore_errors=True)
+    from relax.controller import RaySession
+
+    with RaySession(num_cpus=4):
+        yield
 
 
 @pytest.fixture

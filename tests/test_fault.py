@@ -140,22 +140,15 @@ def test_killing_every_role_mid_run_loses_and_repeats_no_sample(tmp_path):
     assert rec["global_restarts"] == 1
 
 
-def test_redelivery_hands_unwritten_rows_out_again_and_skips_written_ones(tmp_path):
-    import shutil
-    import tempfile
-
-    import ray
+def test_redelivery_hands_unwritten_rows_out_again_and_skips_written_ones(local_ray):
     import torch
 
     from relax.bus import Bus
     from relax.config import BusConfig
     from relax.fault.redelivery import existing_groups, live_partitions, produced, redeliver
 
-    tmp = tempfile.mkdtemp(prefix="relax-redelivery-", dir="/tmp")
-    ray.init(num_cpus=4, include_dashboard=False, _temp_dir=tmp, logging_level="WARNING")
-    bus = None
+    bus = Bus.start(BusConfig(capacity_rows=64), group_size=2, max_staleness=1)
     try:
-        bus = Bus.start(BusConfig(capacity_rows=64), group_size=2, max_staleness=1)
         rows = {"sample_id": torch.arange(6), "group_id": torch.tensor([0, 0, 1, 1, 2, 2]),
                 "response_ids": [torch.arange(n + 1) for n in range(6)]}
         bus.put_rows(0, rows)
@@ -173,10 +166,7 @@ def test_redelivery_hands_unwritten_rows_out_again_and_skips_written_ones(tmp_pa
         todo = [g for g in again.indexes if g not in done]
         assert sorted(todo) == sorted(set(got.indexes) - done)
     finally:
-        if bus is not None:
-            bus.close()
-        ray.shutdown()
-        shutil.rmtree(tmp, ignore_errors=True)
+        bus.close()
 
 
 def _fake_run(run_dir: Path) -> None:

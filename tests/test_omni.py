@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import shutil
 import sys
-import tempfile
 
 import numpy as np
 import pytest
@@ -134,17 +132,12 @@ ray_mod.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 @pytest.mark.slow
-def test_real_bus_fields_and_text_only_role(rows):
-    import ray
-
+def test_real_bus_fields_and_text_only_role(rows, local_ray):
     from relax.bus import Bus
     from relax.config import BusConfig
 
-    tmp = tempfile.mkdtemp(prefix="robus", dir="/tmp")
-    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=tmp, logging_level="WARNING")
-    bus = None
+    bus = Bus.start(BusConfig(capacity_rows=16), group_size=3, max_staleness=1)
     try:
-        bus = Bus.start(BusConfig(capacity_rows=16), group_size=3, max_staleness=1)
         put = {**rows, "sample_id": torch.arange(3), "group_id": torch.zeros(3, dtype=torch.long),
                "reward": torch.tensor([1.0, 0.0, 0.5])}
         bus.put_rows(0, put)
@@ -156,10 +149,7 @@ def test_real_bus_fields_and_text_only_role(rows):
             for got, i in zip(media[f], order):
                 assert got.dtype == rows[f][i].dtype and torch.equal(got, rows[f][i]), f
     finally:
-        if bus is not None:
-            bus.close()
-        ray.shutdown()
-        shutil.rmtree(tmp, ignore_errors=True)
+        bus.close()
 
 
 def test_placeholders_are_never_emitted(rows):
