@@ -64,23 +64,33 @@ def sft(model, tok, cfg: ExperimentConfig, progress: bool = True) -> list[float]
     w = cfg.warmup
     rng = random.Random(cfg.seed)
     pairs = supervised_pairs(make_task(cfg.task, cfg.seed, "train"), w.steps * w.batch_size)
+
+    def batches():
+        for step in range(w.steps):
+            prompts, targets = [], []
+            for prompt, target in pairs[step * w.batch_size : (step + 1) * w.batch_size]:
+                if w.label_noise and rng.random() < w.label_noise:
+                    target = _noisy(target.strip(), rng)
+                prompts.append(torch.tensor(tok.encode(prompt)))
+                targets.append(torch.tensor(tok.encode(target, add_bos=False) + [tok.eos_token_id]))
+            yield pack(prompts, targets, tok.pad_token_id), None
+
+    return supervised_loop(model, w, batches(), "warm-up (SFT)", progress)
+
+
+def supervised_loop(model, w, batches, desc: str, progress: bool) -> list[float]:
+    """`w.steps` supervised steps over `batches` ((packed, media) pairs): AdamW with a 20-step linear warm-up
+    then linear decay, on `w.threads` threads; returns the losses."""
     opt = torch.optim.AdamW(model.parameters(), lr=w.lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * max(0.0, 1 - s / w.steps))
     model.train()
     threads = torch.get_num_threads()
     torch.set_num_threads(w.threads)
-    losses = []
-    for step in tqdm(range(w.steps), desc="warm-up (SFT)", disable=not progress):
-        batch = pairs[step * w.batch_size : (step + 1) * w.batch_size]
-        prompts, targets = [], []
-        for prompt, target in batch:
-            if w.label_noise and rng.random() < w.label_noise:
-                target = _noisy(target.strip(), rng)
-            prompts.append(torch.tensor(tok.encode(prompt)))
-            targets.append(torch.tensor(tok.encode(target, add_bos=False) + [tok.eos_token_id]))
-        losses.append(sft_step(model, opt, sched, pack(prompts, targets, tok.pad_token_id)))
-    torch.set_num_threads(threads)
-    return losses
+    try:
+        return [sft_step(model, opt, sched, packed, media)
+                for packed, media in tqdm(batches, total=w.steps, desc=desc, disable=not progress)]
+    finally:
+        torch.set_num_threads(threads)
 
 
 def sft_step(model, opt, sched, packed, media=None) -> float:

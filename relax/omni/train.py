@@ -13,12 +13,11 @@ from __future__ import annotations
 import random
 
 import torch
-from tqdm import tqdm
 
 from relax.agent.trajectory import Trajectory
 from relax.omni.processor import FIELDS, OmniProcessor
 from relax.tasks import make_task
-from relax.models.warmup import sft_step
+from relax.models.warmup import supervised_loop
 from relax.trainers import pack
 from relax.trainers.torch_trainer import media_rows
 
@@ -56,19 +55,14 @@ def sft(model, tok, cfg, progress: bool = True) -> list[float]:
     data = make_task(cfg.task, cfg.seed, "train")
     proc = OmniProcessor(tok) if cfg.task.kind == "omni" else None
     rng = random.Random(cfg.seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=w.lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * max(0.0, 1 - s / w.steps))
-    model.train()
-    threads = torch.get_num_threads()
-    torch.set_num_threads(w.threads)
-    losses = []
-    for _ in tqdm(range(w.steps), desc=f"warm-up (SFT, {cfg.task.kind})", disable=not progress):
-        idx = [rng.randrange(len(data)) for _ in range(w.batch_size)]
-        rows = omni_batch(proc, tok, data, idx) if proc is not None else agent_batch(tok, data, idx)
-        packed = pack(rows["prompt_ids"], rows["response_ids"], tok.pad_token_id, rows.get("loss_mask"))
-        losses.append(sft_step(model, opt, sched, packed, media_rows(rows)))
-    torch.set_num_threads(threads)
-    return losses
+
+    def batches():
+        for _ in range(w.steps):
+            idx = [rng.randrange(len(data)) for _ in range(w.batch_size)]
+            rows = omni_batch(proc, tok, data, idx) if proc is not None else agent_batch(tok, data, idx)
+            yield pack(rows["prompt_ids"], rows["response_ids"], tok.pad_token_id, rows.get("loss_mask")), media_rows(rows)
+
+    return supervised_loop(model, w, batches(), f"warm-up (SFT, {cfg.task.kind})", progress)
 
 
 __all__ = ["FIELDS", "agent_batch", "agent_trajectory", "omni_batch", "sft"]
