@@ -299,17 +299,24 @@ def components(cfg: ExperimentConfig, engine: TorchEngine, model, rows: dict, ch
         for li, r in enumerate(routers):
             e, m = experts.reshape(n, *experts.shape[2:])[:, li], mask.reshape(n)
 
+            prec = cfg.training.precision  # the routers run in the trainer's compute precision
+
             def own_fb(r=r):
-                _, g, _ = r.__class__.forward(r, hs)
-                g.sum().backward()
+                with compute_precision(model, prec):
+                    _, g, _ = r.__class__.forward(r, hs)
+                g.float().sum().backward()
 
             def replay_fb(r=r, e=e, m=m):
-                _, g, _ = _replay_forward(r, e, m, hs)
-                g.sum().backward()
+                with compute_precision(model, prec):
+                    _, g, _ = _replay_forward(r, e, m, hs)
+                g.float().sum().backward()
 
-            with torch.no_grad():
-                t_router_fwd += max(0.0, _per_call(lambda: _replay_forward(r, e, m, hs), 20)
-                                    - _per_call(lambda: r.__class__.forward(r, hs), 20))
+            def fwd(fn):
+                with torch.no_grad(), compute_precision(model, prec):
+                    fn()
+
+            t_router_fwd += max(0.0, _per_call(lambda: fwd(lambda: _replay_forward(r, e, m, hs)), 20)
+                                - _per_call(lambda: fwd(lambda: r.__class__.forward(r, hs)), 20))
             t_router += max(0.0, _per_call(replay_fb, 20) - _per_call(own_fb, 20))
         for r in routers:
             r.weight.grad = None
@@ -477,7 +484,9 @@ def decomposition(fl: dict, d_off: torch.Tensor, d_on: torch.Tensor) -> dict:
         if not n:
             return {"tokens_share": 0.0}
         return {"tokens_share": n / sel.numel(), "mean_abs_off": float(a_off[sel].mean()),
-                "mean_abs_on": float(a_on[sel].mean()), "kl_off": float(kl(d_off[sel]).mean()),
+                "mean_abs_on": float(a_on[sel].mean()),
+                # how far replay moves the trainer's own log-prob (what a flip changes), engine aside
+                "mean_shift": float((d_on[sel] - d_off[sel]).abs().mean()), "kl_off": float(kl(d_off[sel]).mean()),
                 "kl_on": float(kl(d_on[sel]).mean()), "share_of_abs_off": float(a_off[sel].sum()) / total,
                 "share_of_kl_off": float(kl(d_off[sel]).sum()) / kl_total,
                 "share_of_removed": float((a_off[sel] - a_on[sel]).sum()) / removed if removed else None}
@@ -497,9 +506,12 @@ def decomposition(fl: dict, d_off: torch.Tensor, d_on: torch.Tensor) -> dict:
 TRAINERS = ("fp32", "bf16", "bf16_weights")
 
 
-def _trainer_gaps(model, pad: int, rows, precision: str, T: float, budget: int) -> dict:
+def _trainer_gaps(model, pad: int, rows, precision: str, T: float, budget: int,
+                  flip_at: torch.Tensor | None = None) -> dict:
     """One trainer against the engine's log-probs of `rows`: gap without replay and with prompt + response
-    replay, the reductions, and how many (token, layer) pairs it routes differently from the engine."""
+    replay, the reductions, and how many (token, layer) pairs it routes differently from the engine. `flip_at`
+    (per response token): the tokens the headline trainer's routing flips at; the gap with replay on them and
+    on the others (are those tokens more sensitive to any perturbation, routing aside?)."""
     if precision == "bf16_weights":
         model = copy.deepcopy(model).to(torch.bfloat16)
         precision = "fp32"  # no autocast: the weights themselves are bf16
@@ -513,7 +525,15 @@ def _trainer_gaps(model, pad: int, rows, precision: str, T: float, budget: int) 
     return {"r3_off": off, "r3_on": on, "pairs_flipped": float(pairs.mean()),
             "tokens_flip_at": float(torch.cat(fl["at"]).float().mean()),
             "reduction_pct": {m: 100 * (1 - on[m] / off[m]) if off[m] else 0.0 for m in ("mean_abs", "kl_k3")},
-            "reduction_ci95": reduction_ci([a - b for a, b in zip(lp_off, eng)], [a - b for a, b in zip(lp_on, eng)])}
+            "reduction_ci95": reduction_ci([a - b for a, b in zip(lp_off, eng)], [a - b for a, b in zip(lp_on, eng)]),
+            **(_split_on(torch.cat([a - b for a, b in zip(lp_on, eng)]), flip_at) if flip_at is not None else {})}
+
+
+def _split_on(d_on: torch.Tensor, flip_at: torch.Tensor) -> dict:
+    """Mean |dlogp| with replay on the tokens `flip_at` marks and on the others."""
+    a = d_on.abs()
+    return {"on_at_headline_flips": float(a[flip_at].mean()) if flip_at.any() else None,
+            "on_elsewhere": float(a[~flip_at].mean()) if (~flip_at).any() else None}
 
 
 def mismatch(cfg: ExperimentConfig, state: dict, n_groups: int | None = None, threads: int = 1,
@@ -554,7 +574,9 @@ def mismatch(cfg: ExperimentConfig, state: dict, n_groups: int | None = None, th
     out["r3_on_reduction_ci95"] = reduction_ci([a - b for a, b in zip(lp["r3_off"], engine_lp)],
                                                [a - b for a, b in zip(lp["r3_on"], engine_lp)])
     fl = out["flips"]
-    out["trainers"] = {t: _trainer_gaps(model, tok.pad_token_id, rows, t, T, budget) if t != prec else {
+    at = torch.cat(flips(own, rows)["at"])
+    out["trainers"] = {t: _trainer_gaps(model, tok.pad_token_id, rows, t, T, budget, at) if t != prec else {
+        **_split_on(d["r3_on"], at),
         "r3_off": out["r3_off"], "r3_on": out["r3_on"], "pairs_flipped": fl["pairs_flipped"],
         "tokens_flip_at": fl["flip_at"]["tokens_share"], "reduction_pct": out["r3_on_reduction_pct"],
         "reduction_ci95": out["r3_on_reduction_ci95"]} for t in trainers}
@@ -667,6 +689,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--variants", nargs="*", default=VARIANTS,
                    help='other model shapes for the mismatch measurement (warm-up weights), each a quoted list of '
                         'overrides, e.g. "model.num_layers=2 model.num_experts=8 model.experts_per_token=2"')
+    p.add_argument("--update-reference", action="store_true",
+                   help=f"replace {REFERENCE} with this invocation's results (small files of the runs, "
+                        "r3_results.json, a README with the load average)")
     p.add_argument("overrides", nargs="*", help="dotted key=value config overrides")
     args = p.parse_args(argv)
     from relax.models.warmup import warmup_state
@@ -731,6 +756,48 @@ def main(argv: list[str] | None = None) -> None:
     for f in draw_r3(args.out, args.out / "figures", args.out / "tables"):
         print(f)
     print(path)
+    if args.update_reference:
+        print(update_reference(res, path))
+
+
+REFERENCE = Path(__file__).resolve().parents[2] / "results" / "reference" / "r3_moe"
+RUN_FILES = ("config.yaml", "metrics.jsonl", "recovery.json", "summary.json", "trace.json")
+
+
+def update_reference(res: dict, path: Path, reference: Path = REFERENCE) -> Path:
+    """Replace the committed R3 reference set with `res` (written at `path`): r3_results.json, each end-to-end
+    run's small files, and a README that records when, at which commit and under which load it was taken."""
+    import shutil
+    import subprocess
+
+    if reference.exists():
+        shutil.rmtree(reference)
+    reference.mkdir(parents=True)
+    shutil.copy2(path, reference / RESULTS_FILE)
+    for s in (res.get("runs") or {}).values():
+        for run in s["off"] + s["on"]:
+            src = Path(run["run"])
+            dest = reference / src.parent.name / src.name
+            dest.mkdir(parents=True, exist_ok=True)
+            for name in RUN_FILES:
+                if (src / name).exists() and (src / name).stat().st_size <= 2_000_000:
+                    shutil.copy2(src / name, dest / name)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=reference.parents[2], capture_output=True,
+                            text=True).stdout.strip() or "?"
+    oh = res.get("overhead") or {}
+    lines = ["# R3 study, reference results", "",
+             f"`python -m relax.moe.experiment {' '.join(res.get('argv') or [])}` at commit {commit}, taken "
+             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} ({res.get('wall_s', 0) / 60:.1f} min wall).",
+             f"1-min load average (1, 5, 15 min): at the start {res.get('load_start')}, before the overhead "
+             f"measurement {oh.get('load_before')}, after it {oh.get('load_after')}, at the end {res.get('load_end')} "
+             f"on {res.get('environment', {}).get('cpus')} cores.", "",
+             "`r3_results.json` holds every measurement; `make figures` draws results/figures/r3_moe.png and "
+             "results/tables/r3_moe.{md,csv} from it. Refresh (on a quiet machine): "
+             "`python -m relax.moe.experiment --out results --update-reference` (about 15 min on 2 cores, warm-ups "
+             "cached). Overheads are off/on ratios measured side by side, unit by unit (robust to load); the "
+             "end-to-end pairs' step times are not. See experiments/r3_moe/README.md for the reading."]
+    (reference / "README.md").write_text("\n".join(lines) + "\n")
+    return reference
 
 
 if __name__ == "__main__":

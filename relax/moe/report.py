@@ -153,7 +153,9 @@ def r3_rows(res: dict, pub: dict) -> list[dict]:
                 f"|dlogp| {g['r3_off']['mean_abs']:.5f} -> {g['r3_on']['mean_abs']:.5f}"
                 + (f" (95% {tci['mean_abs'][0]:.0f}..{tci['mean_abs'][1]:.0f}%)" if tci else "")
                 + f"; KL {g['reduction_pct']['kl_k3']:.0f}%; (token, layer) pairs routed differently: "
-                  f"{100 * g['pairs_flipped']:.2f}%, response tokens with a flip: {100 * g['tokens_flip_at']:.1f}%")
+                  f"{100 * g['pairs_flipped']:.2f}%, response tokens with a flip: {100 * g['tokens_flip_at']:.1f}%"
+                + (f"; with R3, |dlogp| on the {prec} trainer's flipped tokens {g['on_at_headline_flips']:.5f}, "
+                   f"elsewhere {g['on_elsewhere']:.5f}" if g.get("on_at_headline_flips") is not None else ""))
         ag = mm["routing_agreement"]
         add(f"trainer routes as the engine, R3 off ({state} weights)", _r(100 * ag["response"], 1), None, "%",
             f"response tokens x layers with the same top-k set (prompt: {100 * ag['prompt']:.1f}%)")
@@ -173,7 +175,9 @@ def r3_rows(res: dict, pub: dict) -> list[dict]:
                 add(f"  mean |dlogp| on flipped / unflipped tokens ({state} weights)", _r(at["mean_abs_off"], 5), None,
                     "", f"flipped: {at['mean_abs_off']:.5f} off -> {at['mean_abs_on']:.5f} on; unflipped: "
                         f"{no['mean_abs_off']:.5f} -> {no['mean_abs_on']:.5f} (dense bf16 noise R3 cannot remove); "
-                        f"flipped tokens carry {100 * at['share_of_abs_off']:.0f}% of |dlogp| and "
+                        + (f"replay moves the trainer's log-prob by {at['mean_shift']:.5f} on flipped tokens, "
+                           f"{no['mean_shift']:.5f} on the others; " if "mean_shift" in at else "")
+                        + f"flipped tokens carry {100 * at['share_of_abs_off']:.0f}% of |dlogp| and "
                         f"{100 * at['share_of_kl_off']:.0f}% of KL off"
                         + (f", {100 * removed:.0f}% of what replay removed" if removed is not None else ""))
     for schedule, s in (res.get("runs") or {}).items():
