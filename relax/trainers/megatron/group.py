@@ -30,7 +30,7 @@ import socket
 import ray
 import torch
 
-from relax.trainers.megatron.convert import Parallel
+from relax.trainers.megatron.trainer import build_rank_trainer
 
 log = logging.getLogger(__name__)
 
@@ -48,18 +48,6 @@ def free_port() -> int:
 def _rank_env(rank: int, world: int, addr: str, port: int) -> None:
     # One GPU is visible to each rank (Ray sets CUDA_VISIBLE_DEVICES from its bundle): local device 0.
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0", MASTER_ADDR=addr, MASTER_PORT=str(port))
-
-
-def build_rank_trainer(cfg, hf_config, hf_state, pad_id: int, role: str = "actor"):
-    """This process's MegatronTrainer (RANK / WORLD_SIZE / MASTER_* already in the environment)."""
-    from relax.config import role_parallel
-    from relax.trainers.megatron.trainer import MegatronTrainer
-
-    p = role_parallel(cfg, role)
-    return MegatronTrainer(hf_config, hf_state, pad_id, cfg,
-                           parallel=Parallel(tp=p.tensor, pp=p.pipeline, ep=p.expert, etp=p.expert_tensor),
-                           cp=p.context, sequence_parallel=p.sequence_parallel, seed=cfg.seed,
-                           timeout_s=COLLECTIVE_TIMEOUT_S)
 
 
 def coords() -> dict:
@@ -81,7 +69,7 @@ class MegatronRank:
                  threads: int, role: str = "actor"):
         torch.set_num_threads(threads)
         _rank_env(rank, world, addr, port)
-        self.trainer = build_rank_trainer(cfg, hf_config, hf_state, pad_id, role)
+        self.trainer = build_rank_trainer(cfg, hf_config, hf_state, pad_id, role, COLLECTIVE_TIMEOUT_S)
 
     def coords(self) -> dict:
         return coords()
@@ -158,7 +146,7 @@ class MegatronGroup:
                 cfg, model.config, state_ref, pad_id, r, world, addr, port, res.threads, role))
         _rank_env(0, world, addr, port)
         try:
-            self.local = build_rank_trainer(cfg, model.config, state, pad_id, role)  # joins the ranks above
+            self.local = build_rank_trainer(cfg, model.config, state, pad_id, role, COLLECTIVE_TIMEOUT_S)  # joins the ranks
         except Exception:
             self._raise_worker_error()
             raise

@@ -403,11 +403,24 @@ class MegatronTrainer:
         return {"grad_norm": float(grad_norm) if grad_norm is not None else float("nan"), "update_ok": bool(ok)}
 
 
+def build_rank_trainer(cfg, hf_config, hf_state, pad_id: int, role: str = "actor",
+                       timeout_s: float | None = None) -> MegatronTrainer:
+    """This process's MegatronTrainer for `role` from the experiment config (a group's rank: RANK / WORLD_SIZE /
+    MASTER_* already in the environment; none: a world of one)."""
+    from relax.config import role_parallel
+
+    p = role_parallel(cfg, role)
+    return MegatronTrainer(hf_config, hf_state, pad_id, cfg,
+                           parallel=Parallel(tp=p.tensor, pp=p.pipeline, ep=p.expert, etp=p.expert_tensor),
+                           cp=p.context, sequence_parallel=p.sequence_parallel, seed=cfg.seed,
+                           bf16=cfg.training.precision == "bf16", timeout_s=timeout_s)
+
+
 def build_megatron_trainer(cfg, model, pad_id: int, role: str = "actor"):
     """The Megatron trainer of one role from the experiment config, loaded with `model`'s (transformers) weights.
     World size 1 (`relax.config.role_world_size`): this process (one GPU, or the CPU under cpu_shim). More: a
     `MegatronGroup` (relax/trainers/megatron/group.py) with this process as rank 0 and a Ray worker per other rank."""
-    from relax.config import role_parallel, role_world_size
+    from relax.config import role_world_size
     from relax.trainers.megatron.convert import hf_state_from_model
 
     world = role_world_size(cfg, role)
@@ -415,12 +428,8 @@ def build_megatron_trainer(cfg, model, pad_id: int, role: str = "actor"):
         from relax.trainers.megatron.group import MegatronGroup
 
         return MegatronGroup(cfg, model, pad_id, world, role)
-    p = role_parallel(cfg, role)
-    return MegatronTrainer(model.config, hf_state_from_model(model), pad_id, cfg,
-                           parallel=Parallel(tp=p.tensor, pp=p.pipeline, ep=p.expert, etp=p.expert_tensor),
-                           cp=p.context, sequence_parallel=p.sequence_parallel, seed=cfg.seed,
-                           bf16=cfg.training.precision == "bf16")
+    return build_rank_trainer(cfg, model.config, hf_state_from_model(model), pad_id, role)
 
 
-__all__ = ["MegatronTrainer", "build_megatron_trainer", "init_distributed", "megatron_available", "megatron_importable", "transformer_config"]
+__all__ = ["MegatronTrainer", "build_megatron_trainer", "build_rank_trainer", "init_distributed", "megatron_available", "megatron_importable", "transformer_config"]
 
