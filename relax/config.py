@@ -222,6 +222,7 @@ class RoleResources(Strict):
     # Ranks (one process each) of a Megatron role (training.trainer megatron). None: one per GPU (one process when
     # the role has no GPU). Without GPUs, `workers: N` runs N CPU ranks on gloo with megatron-core's CUDA calls
     # emulated (relax/trainers/megatron/cpu_shim.py): a test aid for the multi-rank code path, not a way to train.
+    # Set at all (even 1), the role's trainer runs through the worker-group code (MegatronGroup).
     workers: int | None = Field(None, ge=1)
 
 

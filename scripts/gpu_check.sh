@@ -10,6 +10,13 @@
 #   - NVML device / process figures, when nvidia-ml-py is importable
 #   - a real SGLang server on the GPU driven by our client (generate, pause, flush, update, continue), when sglang
 #     is importable
+#   tests/test_megatron_group_gpu.py (pytest -m gpu), when megatron-core is importable:
+#   - the Megatron worker-group code at world size 1 (one GPU holds one rank): resources.actor.workers=1 builds a
+#     MegatronGroup of one on NCCL; log-probs, loss, gradient norm, the shard gather into a transformers model and
+#     the optimizer state wrapper checked against the torch trainer
+#   - a `relax run` whose Actor (rank 0) is placed on the GPU through its placement group, trains over NCCL and
+#     publishes through DCS, when the whole project environment is installed (Ray, TransferQueue, reasoning-gym;
+#     not part of the wheel folder: skipped otherwise)
 #   tests/test_gpu_metrics.py (NVML parsing and the CPU fallback; no GPU needed)
 # Python packages the machine lacks are installed from a local wheel folder, never from the network: WHEELS=DIR,
 # default ./wheels (`make gpu-wheels` fills it on a machine with network; copy it along with the repository). They
@@ -38,7 +45,8 @@ import importlib.util as u
 import torch
 print(f"torch {torch.__version__}, cuda available: {torch.cuda.is_available()}, devices: {torch.cuda.device_count()}")
 for m in ["pytest", "pytest_timeout", "transformers", "tokenizers", "fastapi", "uvicorn", "httpx", "safetensors",
-          "pydantic", "yaml", "tabulate", "psutil", "megatron.core", "pynvml", "transformer_engine", "sglang"]:
+          "pydantic", "yaml", "tabulate", "psutil", "megatron.core", "pynvml", "transformer_engine", "sglang",
+          "ray", "transfer_queue", "reasoning_gym"]:
     try:
         ok = u.find_spec(m) is not None
     except ModuleNotFoundError:
@@ -82,7 +90,7 @@ PYEOF
 TIMEOUT_OPT=()
 grep -qE "^  pytest_timeout +yes" "$OUT/env.txt" && TIMEOUT_OPT=(--timeout=420)
 timeout 450 "$PY" -m pytest -p no:cacheprovider -q -rs "${TIMEOUT_OPT[@]}" --junitxml="$OUT/junit.xml" \
-  tests/test_megatron_convert_gpu.py tests/test_gpu_metrics.py 2>&1 | tee "$OUT/pytest.txt"
+  tests/test_megatron_convert_gpu.py tests/test_megatron_group_gpu.py tests/test_gpu_metrics.py 2>&1 | tee "$OUT/pytest.txt"
 rc=${PIPESTATUS[0]}
 T1=$(date +%s)
 echo

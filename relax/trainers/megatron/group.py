@@ -61,9 +61,9 @@ def coords() -> dict:
             "dp_size": ps.get_data_parallel_world_size(), "pid": os.getpid()}
 
 
-@ray.remote
 class MegatronRank:
-    """Global rank `rank` (>= 1) of a Megatron worker group; rank 0 is the role's own process."""
+    """Global rank `rank` (>= 1) of a Megatron worker group; rank 0 is the role's own process. Started as a Ray
+    actor (`ray.remote(MegatronRank)`)."""
 
     def __init__(self, cfg, hf_config, hf_state, pad_id: int, rank: int, world: int, addr: str, port: int,
                  threads: int, role: str = "actor"):
@@ -130,11 +130,13 @@ class MegatronGroup:
 
         self.world, self.role = world, role
         res = getattr(cfg.resources, role)
-        addr, port = ray.util.get_node_ip_address(), free_port()
         state = hf_state_from_model(model)
-        state_ref = ray.put(state)
-        pg = ray.util.get_current_placement_group() if res.gpus > 0 else None
         self.workers = []
+        addr, port = "127.0.0.1", free_port()  # a group of one (the GPU check runs it) needs no Ray
+        if world > 1:
+            addr, state_ref = ray.util.get_node_ip_address(), ray.put(state)
+            pg = ray.util.get_current_placement_group() if res.gpus > 0 else None
+            remote_rank = ray.remote(MegatronRank)
         for r in range(1, world):
             opts: dict = {"num_cpus": res.cpus, "name": f"relax-{role}-rank{r}-{os.getpid()}"}
             if res.gpus > 0:
@@ -142,7 +144,7 @@ class MegatronGroup:
                     raise RuntimeError(f"{role}: a {world}-GPU Megatron group needs its process placed in a "
                                        "placement group (relax.trainers.megatron.group.gpu_placement_group)")
                 opts.update(rank_options(pg, r))
-            self.workers.append(MegatronRank.options(**opts).remote(
+            self.workers.append(remote_rank.options(**opts).remote(
                 cfg, model.config, state_ref, pad_id, r, world, addr, port, res.threads, role))
         _rank_env(0, world, addr, port)
         try:
@@ -164,6 +166,8 @@ class MegatronGroup:
             ray.get(ref)  # raises the rank's own start-up error
 
     def _get(self, refs: list):
+        if not refs:
+            return []
         try:
             return ray.get(refs)
         except ray.exceptions.RayActorError as err:
@@ -225,10 +229,9 @@ class MegatronGroup:
 
     @torch.no_grad()
     def sync_hf(self, model) -> int:
-        refs = [w.gather_hf.remote() for w in self.workers]
-        n = self.local.sync_hf(model)
-        self._get(refs)
-        return n
+        from relax.trainers.megatron.convert import copy_hf_into_model
+
+        return copy_hf_into_model(model, self.hf_state())
 
     @torch.no_grad()
     def log_probs(self, prompts, responses, token_budget: int, routing=None, inputs=None) -> list[torch.Tensor]:
@@ -254,6 +257,13 @@ class MegatronGroup:
             raise ValueError(f"optimizer checkpoint of world {state.get('world')} does not fit this group "
                              f"(world {self.world}, layout {layout})")
         self._all("load_optimizer_state", lambda r: (state["ranks"][r],))
+
+    def hf_state(self, device: str = "cpu"):
+        """The HF-named weights gathered from every rank (this process is rank 0)."""
+        refs = [w.gather_hf.remote() for w in self.workers]
+        state = self.local.hf_state(device)
+        self._get(refs)
+        return state
 
 
 __all__ = ["COLLECTIVE_TIMEOUT_S", "MegatronGroup", "MegatronRank", "gpu_placement_group", "rank_options", "split_rows"]

@@ -418,13 +418,14 @@ def build_rank_trainer(cfg, hf_config, hf_state, pad_id: int, role: str = "actor
 
 def build_megatron_trainer(cfg, model, pad_id: int, role: str = "actor"):
     """The Megatron trainer of one role from the experiment config, loaded with `model`'s (transformers) weights.
-    World size 1 (`relax.config.role_world_size`): this process (one GPU, or the CPU under cpu_shim). More: a
-    `MegatronGroup` (relax/trainers/megatron/group.py) with this process as rank 0 and a Ray worker per other rank."""
+    World size 1 (`relax.config.role_world_size`): this process (one GPU, or the CPU under cpu_shim). More, or
+    `resources.<role>.workers` set: a `MegatronGroup` (relax/trainers/megatron/group.py) with this process as rank 0
+    and a Ray worker per other rank."""
     from relax.config import role_world_size
     from relax.trainers.megatron.convert import hf_state_from_model
 
     world = role_world_size(cfg, role)
-    if world > 1:
+    if world > 1 or getattr(cfg.resources, role).workers is not None:  # workers: 1 -> a group of one (GPU check)
         from relax.trainers.megatron.group import MegatronGroup
 
         return MegatronGroup(cfg, model, pad_id, world, role)
