@@ -298,6 +298,9 @@ class MoEConfig(Strict):
     r3_prompt: bool = True
 
 
+GROUP_ROLES = ("actor", "reference")  # the roles that can run Megatron on a worker group (resources.<role>.workers)
+
+
 class ExperimentConfig(Strict):
     name: str
     profile: str = "cpu"
@@ -369,11 +372,13 @@ class ExperimentConfig(Strict):
             res = getattr(self.resources, role)
             if res.workers is None:
                 continue
-            if role != "actor":
-                raise ValueError(f"resources.{role}.workers: only the actor runs a Megatron worker group (the "
-                                 f"{role} role is one process)")
+            if role not in GROUP_ROLES:
+                raise ValueError(f"resources.{role}.workers: only the {' and '.join(GROUP_ROLES)} run a Megatron "
+                                 f"worker group (the {role} role is one process)")
             if role not in roles:
-                raise ValueError(f"resources.{role}.workers: several ranks need training.trainer 'megatron'")
+                need = " and algorithm.kl_coef > 0" if role == "reference" else ""
+                raise ValueError(f"resources.{role}.workers: the {role} runs no Megatron (needs training.trainer "
+                                 f"'megatron'{need})")
             if res.gpus > 0 and res.workers != res.gpus:
                 raise ValueError(f"resources.{role}.workers: {res.workers} ranks on {res.gpus:g} GPU(s); a Megatron "
                                  f"role runs one rank per GPU (leave workers unset)")
@@ -391,8 +396,8 @@ class ExperimentConfig(Strict):
         for role in roles:
             name = "forward_parallel" if role != "actor" and t.forward_parallel is not None else "parallel"
             gpus = getattr(self.resources, role).gpus
-            if role != "actor" and gpus == 0:
-                continue  # no GPUs: nothing to lay out (the forward roles run the torch model today)
+            if role != "actor" and not megatron_forward(self, role):
+                continue  # the transformers model, one process: nothing to lay out
             if gpus != int(gpus):
                 raise ValueError(f"resources.{role}.gpus: a Megatron role needs whole GPUs, got {gpus}")
             world = role_world_size(self, role)
@@ -449,6 +454,18 @@ def model_roles(cfg: "ExperimentConfig") -> list[str]:
 def megatron_roles(cfg: "ExperimentConfig") -> list[str]:
     """The roles that run the Megatron trainer or its forward when training.trainer is megatron."""
     return model_roles(cfg) if cfg.training.trainer == "megatron" else []
+
+
+def megatron_forward(cfg: "ExperimentConfig", role: str) -> bool:
+    """A forward-only role (reference) runs Megatron-Core: training.trainer megatron and the role has GPUs or
+    `workers` (else the transformers model, one process)."""
+    r = getattr(cfg.resources, role)
+    return role in megatron_roles(cfg) and (r.gpus > 0 or r.workers is not None)
+
+
+def runs_megatron(cfg: "ExperimentConfig", role: str) -> bool:
+    """The role's process builds Megatron-Core (the Actor under training.trainer megatron, or a Megatron forward)."""
+    return role in GROUP_ROLES and role in megatron_roles(cfg) and (role == "actor" or megatron_forward(cfg, role))
 
 
 def role_parallel(cfg: "ExperimentConfig", role: str) -> ParallelConfig:

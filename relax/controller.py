@@ -211,6 +211,7 @@ class Controller:
             "samples_trained": len(account),
             "samples_lost": len(expected - set(account)),
             "samples_duplicated": len(account) - len(set(account)),
+            "backends": getattr(getattr(self, "supervisor", None), "backends", {}),  # what ran each role
             "environment": {"cpus": os.cpu_count(), "torch": torch.__version__, "ray": ray.__version__,
                             "python": platform.python_version(), "machine": platform.machine(),
                             "hardware": f"{os.cpu_count()}-core CPU, no GPU"},

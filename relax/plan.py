@@ -115,7 +115,7 @@ def megatron_layout(cfg, gpus: int, hf: dict | None, override: dict | None = Non
 
 
 def resolve_plan(cfg, *, parallel: dict | None = None, gpus_per_node: int = GPUS_PER_NODE, base_port: int = 30000) -> dict:
-    from relax.config import role_world_size
+    from relax.config import role_world_size, runs_megatron
     from relax.engines.sglang import engine_tp_size, sglang_command
 
     hf, source = model_facts(cfg)
@@ -185,9 +185,10 @@ def resolve_plan(cfg, *, parallel: dict | None = None, gpus_per_node: int = GPUS
                              f"MASTER_ADDR=<bundle 0 node>: rank 0 is the {role} role's process (bundle 0), ranks "
                              f"1..{n - 1} Ray workers (MegatronRank) on the other bundles; torch.distributed NCCL + "
                              "Megatron parallel state")
-            if role != "actor":
-                plan["notes"].append(f"{role}: runs the transformers model in one process today (the Megatron "
-                                     "forward group is built for the Actor only)")
+            if not runs_megatron(cfg, role):
+                plan["notes"].append(f"{role}: planned only; the controller starts no {role} role with Megatron yet "
+                                     "(old log-probs come from the rollout)" if role == "actor_fwd" else
+                                     f"{role}: runs its own model in one process (no Megatron group for it yet)")
             lay["micro_batch_tokens"] = cfg.training.micro_batch_tokens
             problems += [f"{role}: {p}" for p in lay["problems"]]
             plan["megatron"][role] = lay

@@ -1,7 +1,9 @@
 """A Megatron worker group behind the Actor in a real `relax run`: `resources.actor.workers=4` starts three more
 ranks (Ray workers) beside the Actor's process, the four form a gloo group (megatron-core's CUDA calls emulated by
 cpu_shim, as on one rank) and train TP 2 x DP 2; the trained shards are gathered, published through DCS and loaded
-by the rollout engine. The same run on one rank is the reference: the trained weights must agree."""
+by the rollout engine; the Reference computes its log-probs with a Megatron forward on 2 ranks of its own (TP 2,
+`training.forward_parallel`). The same run on one rank (and the transformers Reference) is the reference: the
+trained weights must agree."""
 
 import importlib.util
 import json
@@ -21,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["steps=2", "max_staleness=0", "training.trainer=megatron", "training.lr=1e-3", "training.grad_clip=100",
          "task.reward=format", "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.chunk_groups=2",
          "warmup.steps=40", "task.eval_size=0", "model.hidden_size=64", "model.intermediate_size=128",
-         "algorithm.kl_coef=0"]
+         "algorithm.kl_coef=0.001"]
 
 
 def _run(tmp_path, name, *extra):
@@ -52,7 +54,8 @@ def _same_first_step(row, row1):
 def test_tp2_dp2_actor_trains_publishes_and_matches_one_rank(tmp_path, single):
     from relax.models.warmup import warmup_state
 
-    cfg, summary, rows, weights = _run(tmp_path, "group", "resources.actor.workers=4", "training.parallel.tensor=2")
+    cfg, summary, rows, weights = _run(tmp_path, "group", "resources.actor.workers=4", "training.parallel.tensor=2",
+                                       "resources.reference.workers=2", "training.forward_parallel.tensor=2")
     _, summary1, rows1, weights1 = single
     for s, r in ((summary, rows), (summary1, rows1)):
         assert s["samples_lost"] == 0 and s["samples_duplicated"] == 0 and s["samples_trained"] == 32, s
@@ -60,6 +63,12 @@ def test_tp2_dp2_actor_trains_publishes_and_matches_one_rank(tmp_path, single):
         # on-policy: step 1 trained samples the engine generated with version 1 (the group's published weights)
         assert all(x["staleness_max"] == 0 for x in r), r
     assert [x.get("trainer_ranks") for x in rows] == [4, 4] and "trainer_ranks" not in rows1[0]
+    b, b1 = summary["backends"], summary1["backends"]
+    assert b["actor"].startswith("megatron (4 rank(s)") and "TP 2," in b["actor"] and "DP 2)" in b["actor"], b
+    assert b["reference"].startswith("megatron (2 rank(s)") and "TP 2," in b["reference"], b
+    assert b1["actor"].startswith("megatron (1 rank(s)") and b1["reference"].startswith("torch"), b1
+    # the KL term to the reference policy: at step 0 the policy is the reference, under either reference forward
+    assert abs(rows[0]["kl"]) < 1e-5 and abs(rows1[0]["kl"]) < 1e-5 and rows[1]["kl"] > 0, (rows, rows1)
     _same_first_step(rows[0], rows1[0])
     # The published (HF-layout, gathered from the ranks' shards) weights after two steps agree with one rank's, far
     # closer than the two steps moved them.
@@ -81,7 +90,7 @@ def test_killed_two_rank_actor_restarts_its_group_from_the_checkpoint(tmp_path, 
 
     cfg = load_config(ROOT / "experiments/async/cpu.yaml", [
         *SMALL, "steps=5", "resources.actor.workers=2", "health.checkpoint_every=2",
-        "faults=[{role: actor, at_step: 2, kind: kill}]"])
+        "faults=[{role: actor, at_step: 2, kind: kill}]", "algorithm.kl_coef=0"])
     run_dir, summary = run_experiment(cfg, out=tmp_path, progress=False)
     assert summary["samples_trained"] == 5 * 16 and summary["samples_lost"] == 0 and summary["samples_duplicated"] == 0
     rec = json.loads((run_dir / "recovery.json").read_text())

@@ -65,8 +65,15 @@ def test_actor_workers_set_the_megatron_world_size_on_cpu():
     assert role_world_size(cfg, "actor") == 2 and role_world_size(load_config(ASYNC), "actor") == 8
     assert "training.parallel (actor, 2 CPU rank(s))" in _err(cpu, "training.trainer=megatron", "resources.actor.workers=2",
                                                             "training.parallel.tensor=4")
-    assert "resources.actor.workers: several ranks need training.trainer 'megatron'" in _err(
+    assert "resources.actor.workers: the actor runs no Megatron (needs training.trainer 'megatron')" in _err(
         cpu, "resources.actor.workers=2")
-    assert "only the actor runs a Megatron worker group" in _err(cpu, "training.trainer=megatron",
-                                                                 "resources.reference.workers=2")
+    assert "only the actor and reference run a Megatron worker group" in _err(cpu, "training.trainer=megatron",
+                                                                              "resources.critic.workers=2")
+    assert "needs training.trainer 'megatron' and algorithm.kl_coef > 0" in _err(
+        cpu, "training.trainer=megatron", "resources.reference.workers=2", "algorithm.kl_coef=0")
+    # the reference's Megatron forward takes training.forward_parallel (or the actor's layout) on its own ranks
+    load_config(cpu, ["training.trainer=megatron", "resources.reference.workers=2", "training.forward_parallel.tensor=2"])
+    assert "training.parallel (reference, 1 CPU rank(s))" in _err(
+        cpu, "training.trainer=megatron", "resources.actor.workers=2", "training.parallel.tensor=2",
+        "resources.reference.workers=1")
     assert "one rank per GPU" in _err(ASYNC, "resources.actor.workers=4")

@@ -34,6 +34,7 @@ from pathlib import Path
 import ray
 
 from relax.api.pool import GroupQueue, RayRolloutPool
+from relax.config import runs_megatron
 from relax.fault.inject import FaultInjector
 from relax.fault.redelivery import live_partitions, redeliver
 from relax.weights.dcs import DCS
@@ -64,6 +65,7 @@ class Supervisor:
         self.futs: dict = {}
         self.restarting: dict = {}  # ready() ref of a replacement -> (role key, handle, event)
         self.pids: dict[str, int] = {}
+        self.backends: dict[str, str] = {}
         self.pgs: dict = {}  # placement groups of GPU roles (a Megatron Actor's ranks), kept across restarts
         self.injector = FaultInjector(self.cfg.faults, self._pid_for)
         self.t_start = time.time()
@@ -89,6 +91,7 @@ class Supervisor:
         for s in spares:
             s.pid, s.status = ray.get(s.handle.pid.remote()), "SPARE"
         self.pids = {n: ray.get(h.pid.remote()) for n, h in c.roles.items() if n != "rollout"}
+        self.backends = {n: ray.get(h.backend.remote()) for n, h in c.roles.items()}  # summary.json
         if self.api_port is not None:
             self._start_api()
 
@@ -116,9 +119,9 @@ class Supervisor:
             kwargs = {"ckpt_dir": str(self.ckpt_dir), "resume": resume}
         actor_name = f"relax-{key}" + (f"-restart{gen - 1}" if gen > 1 else "")
         opts = {"num_cpus": res.cpus, "name": actor_name}
-        if name == "actor" and cfg.training.trainer == "megatron" and res.gpus > 0:
-            # Megatron on GPUs: the role is rank 0 of its group, on bundle 0 of the role's placement group (one
-            # GPU bundle per rank, made once; a restarted Actor's ranks take the bundles its dead ranks freed).
+        if res.gpus > 0 and runs_megatron(cfg, name):
+            # Megatron on GPUs (Actor, Reference): the role is rank 0 of its group, on bundle 0 of the role's
+            # placement group (one GPU bundle per rank, made once; a restarted role's ranks take the freed bundles).
             from relax.trainers.megatron.group import gpu_placement_group, rank_options
 
             if name not in self.pgs:

@@ -59,6 +59,9 @@ class ActorRole(ModelRole):
         self.restored = self.restore_optimizer() if resume else {}
         self.boot.mark("trainer_and_optimizer")
 
+    def backend(self) -> str:
+        return self.trainer.describe()
+
     def publish(self, version: int) -> float:
         """Publish `version` through the DCS (a copy into the staging; peers pull it in the background)."""
         t0 = time.time()

@@ -48,6 +48,10 @@ class Role:
     def ready(self) -> bool:
         return True
 
+    def backend(self) -> str:
+        """What computes this role's work (summary.json `backends`)."""
+        return "cpu"
+
     def boot_phases(self) -> dict[str, float]:
         return self.boot.phases()
 
@@ -107,6 +111,9 @@ class ModelRole(Role):
 
     def weight_version(self) -> int:
         return self.version
+
+    def backend(self) -> str:
+        return "torch (transformers model)"
 
     def recovery_info(self, ckpt_dir: str | None = None) -> dict:
         """How this instance got its weights (DCS peer, seconds, bytes), and what reloading the same amount

@@ -1,9 +1,14 @@
-"""Reference: log-prob forward of the frozen reference policy (the warm-up weights) for the KL term."""
+"""Reference: log-prob forward of the frozen reference policy (the warm-up weights) for the KL term.
+
+With training.trainer megatron and the role given GPUs or `resources.reference.workers`, the forward runs on
+Megatron-Core with `training.forward_parallel` (one process, or a worker group of that many ranks,
+relax/trainers/megatron/group.py); otherwise on the transformers model in this process."""
 
 from __future__ import annotations
 
 import ray
 
+from relax.config import megatron_forward
 from relax.moe.fields import r3_fields
 from relax.omni.fields import input_fields
 from relax.roles.base import ModelRole
@@ -23,8 +28,20 @@ class ReferenceRole(ModelRole):
         self.boot.mark("weight_fetch")
         self.fields = self.fields + r3_fields(cfg)  # R3: the rollout's experts, replayed in the forward
         self.fields += input_fields(cfg)  # omni media / agent loss mask
+        self.forward = None
+        if megatron_forward(cfg, "reference"):
+            from relax.trainers.megatron.trainer import build_megatron_trainer
+
+            self.forward = build_megatron_trainer(cfg, self.model, self.tokenizer.pad_token_id, "reference")
+            self.boot.mark("megatron_forward")
+
+    def backend(self) -> str:
+        return self.forward.describe() + ", forward only" if self.forward is not None else super().backend()
 
     def compute(self, batch):
+        if self.forward is not None:
+            return {"ref_log_probs": self.forward.log_probs(batch["prompt_ids"], batch["response_ids"],
+                                                            self.cfg.training.micro_batch_tokens)}
         lps = compute_log_probs(self.model, self.tokenizer.pad_token_id, batch["prompt_ids"], batch["response_ids"],
                                 self.cfg.rollout.temperature, self.cfg.training.micro_batch_tokens,
                                 {f: batch[f] for f in r3_fields(self.cfg)},

@@ -43,6 +43,9 @@ class RolloutRole(ModelRole):
         self.sync_weights(min_version=0)
         self.boot.mark("weight_fetch")
 
+    def backend(self) -> str:
+        return f"{self.cfg.rollout.engine} engine"
+
     def load_state(self, state, version):
         self.engine.update_weights(state, version)
         self.version = version

@@ -126,6 +126,9 @@ class TorchTrainer:
         self.temperature = cfg.rollout.temperature
         self.precision = t.precision  # master weights and optimizer stay fp32 either way
 
+    def describe(self) -> str:
+        return "torch (transformers model)"
+
     def optimizer_state(self) -> dict:
         return self.opt.state_dict()
 

@@ -247,6 +247,9 @@ class MegatronGroup:
                 out[i] = lp
         return out
 
+    def describe(self) -> str:
+        return self.local.describe()
+
     def optimizer_state(self) -> dict:
         return {"world": self.world, "coords": [{k: c[k] for k in ("dp", "tp", "pp", "cp", "ep")} for c in self.coords],
                 "ranks": self._all("optimizer_state", lambda r: ())}

@@ -326,8 +326,10 @@ class MegatronTrainer:
 
     # --- TorchTrainer interface -----------------------------------------------------------------------------
     @torch.no_grad()
-    def log_probs(self, prompts, responses, token_budget: int) -> list[torch.Tensor] | None:
+    def log_probs(self, prompts, responses, token_budget: int, routing=None, inputs=None) -> list[torch.Tensor] | None:
         """Per-token log-probs of each response (None on ranks that are not the last pipeline stage)."""
+        if routing or inputs:
+            raise NotImplementedError("the Megatron trainer takes no routing replay or media inputs")
         from megatron.core import parallel_state as ps
 
         self.model.eval()
@@ -373,6 +375,14 @@ class MegatronTrainer:
                 **bt.fields}
         out = self._forward(self._cp_split(full), False, scale, weight)
         return out.get("metrics", {}) if weight else {}
+
+    def describe(self) -> str:
+        """The backend and layout, for summary.json."""
+        import torch.distributed as dist
+
+        dev = "CUDA" if torch.cuda.is_available() else "CPU, megatron-core emulated"
+        return (f"megatron ({dist.get_world_size()} rank(s), {dev}: TP {self.par.tp}, PP {self.par.pp}, CP {self.cp}, "
+                f"EP {self.par.ep}, DP {self.dp_size})")
 
     def optimizer_state(self) -> dict:
         return self.opt.state_dict()
