@@ -29,6 +29,7 @@ from relax.config import load_config
 from relax.models import build_model
 from relax.trainers import TorchTrainer, compute_log_probs
 from relax.trainers.megatron.group import MegatronGroup
+from relax.trainers.megatron.probe import probe_batch, probe_micro_batch
 from relax.trainers.megatron.trainer import build_megatron_trainer
 
 cfg = load_config("experiments/async/cpu.yaml", json.loads(sys.argv[1]))
@@ -36,12 +37,9 @@ hf, tok = build_model(cfg.model, 0)
 pad = tok.pad_token_id
 ref = TorchTrainer(copy.deepcopy(hf), pad, cfg)
 g = build_megatron_trainer(cfg, copy.deepcopy(hf), pad)
-gen = torch.Generator().manual_seed(1)
-prompts = [torch.tensor(tok.encode(s)) for s in ("What is 3 + 4? Answer:", "12-5=", "7*6 is")]
-responses = [torch.randint(3, 90, (n,), generator=gen) for n in (7, 4, 9)]
+prompts, responses = probe_batch(tok)
 lp_g, lp_ref = g.log_probs(prompts, responses, 4096), ref.log_probs(prompts, responses, 4096)
-mb = {"prompt_ids": prompts, "response_ids": responses, "old_log_probs": [a.clone() for a in lp_ref],
-      "advantages": [torch.full((len(r),), a) for r, a in zip(responses, (1.0, -1.0, 0.5))]}
+mb = probe_micro_batch(prompts, responses, lp_ref)
 out = {}
 for key, tr in (("group", g), ("ref", ref)):
     m = tr.accumulate(mb, LossScale(total_tokens=1, total_seqs=1))

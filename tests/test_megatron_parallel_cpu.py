@@ -33,6 +33,7 @@ from relax.config import load_config
 from relax.models import build_model
 from relax.trainers import TorchTrainer, compute_log_probs
 from relax.trainers.megatron.convert import Parallel, hf_state_from_model
+from relax.trainers.megatron.probe import probe_batch, probe_micro_batch
 from relax.trainers.megatron.trainer import MegatronTrainer
 
 tiny = dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128, num_experts=4,
@@ -46,12 +47,9 @@ for name, kind, tp, pp, ep in json.loads(sys.argv[1]):
     ref = TorchTrainer(copy.deepcopy(hf), pad, cfg)
     mg = MegatronTrainer(hf.config, hf_state_from_model(hf), pad, cfg, sequence_parallel=False,
                          parallel=Parallel(tp=tp, pp=pp, ep=ep, etp=1 if ep > 1 else None))
-    g = torch.Generator().manual_seed(1)
-    prompts = [torch.tensor(tok.encode(s)) for s in ("What is 3 + 4? Answer:", "12-5=", "7*6 is")]
-    responses = [torch.randint(3, 90, (n,), generator=g) for n in (7, 4, 9)]
+    prompts, responses = probe_batch(tok)
     lp_mg, lp_ref = mg.log_probs(prompts, responses, 4096), ref.log_probs(prompts, responses, 4096)
-    mb = {"prompt_ids": prompts, "response_ids": responses, "old_log_probs": [a.clone() for a in lp_ref],
-          "advantages": [torch.full((len(r),), a) for r, a in zip(responses, (1.0, -1.0, 0.5))]}
+    mb = probe_micro_batch(prompts, responses, lp_ref)
     norms = {}
     for key, tr in (("mg", mg), ("ref", ref)):  # every rank gets the same micro-batch
         tr.accumulate(mb, LossScale(total_tokens=1, total_seqs=1))
