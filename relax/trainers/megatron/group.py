@@ -13,7 +13,8 @@ this process), since Megatron's collectives need every rank:
   the ranks of one data-parallel replica (its TP / PP / CP peers) get the same rows. A data-parallel rank left
   without a row gets one with loss weight 0 (its forward still runs, so expert-parallel all-to-alls match).
   Metrics come from the last pipeline stage (tensor / context rank 0) of every data-parallel replica: `loss`
-  (a sum under the Actor's unit loss scale) is added up, the other metrics are averaged weighted by tokens.
+  (a sum under the Actor's unit loss scale) is added up, `*_max` / `*_min` taken over the replicas, the other
+  metrics averaged weighted by tokens.
 - `divide_grads`, `step`: on every rank; `step` returns rank 0's result (the gradient norm is global).
 - `sync_hf(model)`: every rank's shards are gathered to rank 0 (this process), converted to Hugging Face names
   and copied into `model`, which the role publishes through DCS once, as with one rank.
@@ -216,6 +217,10 @@ class MegatronGroup:
             for k, v in m.items():
                 if k == "loss":
                     merged[k] = merged.get(k, 0.0) + v
+                elif k.endswith("_max"):
+                    merged[k] = max(merged.get(k, v), v)
+                elif k.endswith("_min"):
+                    merged[k] = min(merged.get(k, v), v)
                 else:
                     merged[k] = merged.get(k, 0.0) + v * n
                     weights[k] = weights.get(k, 0.0) + n
