@@ -75,8 +75,8 @@ def _res(cfg, role):
 
 
 def megatron_layout(cfg, gpus: int, hf: dict | None, override: dict | None = None, role: str = "actor") -> dict:
-    """TP / PP / CP / EP / expert TP / DP / SP for one Megatron role on `gpus` GPUs (from the config), with the
-    problems found against the role's GPUs and the model's shapes."""
+    """TP / PP / CP / EP / expert TP / DP / SP for one Megatron role on `gpus` ranks (its GPUs, or its CPU ranks;
+    from the config), with the problems found against the role's ranks and the model's shapes."""
     from relax.config import role_parallel
 
     moe = bool(hf and (hf.get("num_experts") or hf.get("num_local_experts")))
@@ -94,8 +94,6 @@ def megatron_layout(cfg, gpus: int, hf: dict | None, override: dict | None = Non
                       layers=hf.get("num_hidden_layers"),
                       experts=int(hf.get("num_experts") or hf.get("num_local_experts") or 0))
     problems = pc.problems(gpus, **shapes)
-    if gpus < 1:
-        problems.append("a Megatron role needs GPUs (0 GPUs: one CPU process, tests only)")
     if hf:
         from relax.trainers.megatron.convert import Parallel, QwenLayout
 
@@ -115,7 +113,7 @@ def megatron_layout(cfg, gpus: int, hf: dict | None, override: dict | None = Non
 
 
 def resolve_plan(cfg, *, parallel: dict | None = None, gpus_per_node: int = GPUS_PER_NODE, base_port: int = 30000) -> dict:
-    from relax.config import role_world_size, runs_megatron
+    from relax.config import megatron_roles, role_world_size, runs_megatron
     from relax.engines.sglang import engine_tp_size, sglang_command
 
     hf, source = model_facts(cfg)
@@ -148,13 +146,15 @@ def resolve_plan(cfg, *, parallel: dict | None = None, gpus_per_node: int = GPUS
         if role == "rollout":
             backend = cfg.rollout.engine
         elif role in MEGATRON_ROLES:
-            backend = cfg.training.trainer if res.gpus > 0 or cfg.training.trainer == "torch" else "torch"
+            # the Actor / Reference as they will run; other Megatron roles with GPUs as planned (not started yet)
+            backend = "megatron" if runs_megatron(cfg, role) or (role in megatron_roles(cfg) and res.gpus > 0) \
+                else "torch"
         elif role == "reward":
             backend = f"rule ({cfg.task.reward}), CPU"
         else:
             backend = "CPU"
         entry = {"role": role, "backend": backend, "cpus": res.cpus, "gpus": res.gpus, "placement_group": None,
-                 "workers": 1}
+                 "workers": role_world_size(cfg, role) if backend == "megatron" else 1}
         if res.gpus > 0:
             if colocate:
                 entry["placement_group"] = "colocate"
@@ -177,7 +177,7 @@ def resolve_plan(cfg, *, parallel: dict | None = None, gpus_per_node: int = GPUS
                                                  "shared_by": [role]})
         plan["roles"].append(entry)
         if backend == "megatron":
-            lay = megatron_layout(cfg, int(res.gpus), hf, parallel, role=role)
+            lay = megatron_layout(cfg, role_world_size(cfg, role), hf, parallel, role=role)
             lay["forward_only"] = role != "actor"
             n = role_world_size(cfg, role)
             pg = entry["placement_group"] or "-"
@@ -185,6 +185,9 @@ def resolve_plan(cfg, *, parallel: dict | None = None, gpus_per_node: int = GPUS
                              f"MASTER_ADDR=<bundle 0 node>: rank 0 is the {role} role's process (bundle 0), ranks "
                              f"1..{n - 1} Ray workers (MegatronRank) on the other bundles; torch.distributed NCCL + "
                              "Megatron parallel state")
+            if res.gpus == 0:
+                plan["notes"].append(f"{role}: {n} CPU rank(s), megatron-core's CUDA calls emulated on the CPU "
+                                     "(relax/trainers/megatron/cpu_shim.py): a test of the code path, not a way to train")
             if not runs_megatron(cfg, role):
                 plan["notes"].append(f"{role}: planned only; the controller starts no {role} role with Megatron yet "
                                      "(old log-probs come from the rollout)" if role == "actor_fwd" else
@@ -192,6 +195,10 @@ def resolve_plan(cfg, *, parallel: dict | None = None, gpus_per_node: int = GPUS
             lay["micro_batch_tokens"] = cfg.training.micro_batch_tokens
             problems += [f"{role}: {p}" for p in lay["problems"]]
             plan["megatron"][role] = lay
+    if colocate and any(runs_megatron(cfg, r) and _res(cfg, r).gpus > 0 for r in roles):
+        plan["notes"].append("colocate on GPUs: `relax run` gives each Megatron role (actor, reference) a placement "
+                             "group of its own; the shared colocate group above is planned, not built (the roles "
+                             "need their GPUs' sum, not their maximum, today)")
     if cfg.rollout.engine == "sglang":
         cmds, rp = [], plan["rollout"]
         try:

@@ -116,3 +116,15 @@ def test_every_h800x16_experiment_resolves_into_a_complete_plan():
         assert plan["rollout"]["backend"] == "sglang" and plan["rollout"]["commands"], f
         assert sum(c["gpus"] for c in plan["rollout"]["commands"]) == plan["rollout"]["replicas"] * \
             plan["rollout"]["gpus_per_engine"]
+
+
+def test_cpu_ranks_of_a_megatron_actor_and_reference_are_planned_as_emulation():
+    plan = resolve_plan(load_config("experiments/async/cpu.yaml", [
+        "training.trainer=megatron", "resources.actor.workers=4", "training.parallel.tensor=2",
+        "resources.reference.workers=2"]))
+    roles = {r["role"]: r for r in plan["roles"]}
+    assert (roles["actor"]["backend"], roles["actor"]["workers"]) == ("megatron", 4)
+    assert (roles["reference"]["backend"], roles["reference"]["workers"]) == ("megatron", 2)
+    assert (plan["megatron"]["actor"]["tp"], plan["megatron"]["actor"]["dp"]) == (2, 2) and plan["problems"] == []
+    assert any(n.startswith("actor: 4 CPU rank(s)") and "emulated" in n for n in plan["notes"])
+    assert resolve_plan(load_config("experiments/async/cpu.yaml"))["megatron"] == {}  # torch trainer
