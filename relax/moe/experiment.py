@@ -60,9 +60,11 @@ STEPS = 15  # each end-to-end run
 RUN_OVERRIDES = ["task.eval_size=16"]
 STAGGER_S = 15.0  # between the starts of the two runs of a pair (each runs for minutes)
 # Other routing shapes, for the mismatch only (warm-up weights, same warm-up recipe): the first tiny shape
-# (2 layers, 8 experts, top-2) and one closer to Qwen3-30B-A3B's (48 layers, 128 experts, top-8; active expert
-# width 3x hidden): 8 layers, 64 experts, top-8, experts 48 wide (3 x 48 x 8 = 3 x hidden 128).
+# (2 layers, 8 experts, top-2); the config's experts three times deeper (12 layers: toward Qwen3-30B-A3B's 48,
+# more routers per token); and Qwen3-30B-A3B's routing ratios (128 experts, top-8, experts 768 wide = 0.375 x
+# hidden 2048): 8 layers, 64 experts, top-8, experts 48 wide (0.375 x hidden 128).
 VARIANTS = ["model.num_layers=2 model.num_experts=8 model.experts_per_token=2",
+            "model.num_layers=12",
             "model.num_layers=8 model.num_experts=64 model.experts_per_token=8 model.intermediate_size=96"]
 
 
