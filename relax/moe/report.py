@@ -208,7 +208,7 @@ def plot_r3(res: dict, pub: dict, path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 5, figsize=(26, 4.8))
+    fig, axes = plt.subplots(1, 5, figsize=(26, 5.6))
     ax = axes[0]
     labels, vals, colors = [], [], []
     oh = res.get("overhead")
@@ -257,7 +257,7 @@ def plot_r3(res: dict, pub: dict, path: Path) -> Path:
         if key == "r3_on":
             for b, s in zip(bars, states):
                 red_s = mm[s]["r3_on_reduction_pct"]
-                ax.annotate(f"|d| -{red_s['mean_abs']:.0f}%\nKL -{red_s['kl_k3']:.0f}%", (b.get_x() + w / 2, b.get_height()),
+                ax.annotate(f"|d| {-red_s['mean_abs']:+.0f}%\nKL {-red_s['kl_k3']:+.0f}%", (b.get_x() + w / 2, b.get_height()),
                             ha="center", va="bottom", fontsize=6)
     floor = [mm[s].get("fp32_engine_r3_off", {}).get("mean_abs") for s in states]
     if any(f is not None for f in floor):
@@ -306,7 +306,7 @@ def plot_r3(res: dict, pub: dict, path: Path) -> Path:
     ax.set(title="R3's mismatch reduction by trainer precision\n(bf16 engine; bars: 95% bootstrap over rows)",
            ylabel="reduction with R3 (%)")
     if trainers:
-        ax.legend(fontsize=6, loc="upper left", framealpha=0.8)
+        ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2, framealpha=0.8)
 
     ax = axes[4]
     for schedule, s in (res.get("runs") or {}).items():
