@@ -125,3 +125,21 @@ def test_pp2_dp2_group_matches_the_torch_trainer():
     assert abs(mg["loss"] - ref["loss"]) < 1e-5 and abs(mg["loss_single_row"] - ref["loss_single_row"]) < 1e-5, r
     assert abs(mg["grad_norm"] - ref["grad_norm"]) < 1e-4 * ref["grad_norm"], r
     assert r["err_mirror"] < 1e-4 and r["refused_other_layout"], r
+
+
+def test_a_dead_rank_ends_the_roles_process():
+    """A rank of the group dies: the role's process (rank 0) exits instead of waiting in a collective, so the
+    supervisor sees the role die (Tier 2 restart of the group)."""
+    import ray
+
+    from relax.config import load_config
+    from relax.controller import RaySession
+    from relax.trainers.megatron.probe import step_after_a_rank_dies
+
+    cfg = load_config(ROOT / "experiments/async/cpu.yaml", [
+        "model.hidden_size=64", "model.intermediate_size=128", "training.trainer=megatron",
+        "resources.actor.workers=2", "training.parallel.tensor=2"])
+    with RaySession(num_cpus=8):
+        rank0 = ray.remote(max_calls=1, num_cpus=1, max_retries=0)(step_after_a_rank_dies)
+        with pytest.raises(ray.exceptions.WorkerCrashedError):
+            ray.get(rank0.remote(cfg), timeout=300)

@@ -68,3 +68,25 @@ def compare_with_torch(cfg, single_row: bool = False) -> dict:
         except ValueError:
             res["refused_other_layout"] = True
     return res
+
+
+def step_after_a_rank_dies(cfg) -> str:
+    """Build the Actor's MegatronGroup, kill its rank 1, then train a step: the group must end this process (so a
+    supervisor sees the role die and restarts it) instead of waiting in a collective. Returns only if it did not."""
+    import copy
+
+    import ray
+
+    from relax.algorithms import LossScale
+    from relax.models import build_model
+    from relax.trainers.megatron.trainer import build_megatron_trainer
+
+    hf, tok = build_model(cfg.model, 0)
+    tr = build_megatron_trainer(cfg, copy.deepcopy(hf), tok.pad_token_id)
+    prompts, responses = probe_batch(tok)
+    mb = probe_micro_batch(prompts, responses, [torch.zeros(len(r)) for r in responses])
+    tr.accumulate(mb, LossScale(total_tokens=1, total_seqs=1))  # a healthy group trains
+    ray.kill(tr.workers[0])
+    tr.accumulate(mb, LossScale(total_tokens=1, total_seqs=1))
+    tr.step()
+    return "still alive"
