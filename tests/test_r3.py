@@ -392,3 +392,32 @@ def test_mismatch_study_measures_each_trainer_precision_on_the_same_rows():
     # Replay helps the bf16 trainer here (routing flips dominate a strongly routed random model).
     assert out["r3_on"]["mean_abs"] < out["r3_off"]["mean_abs"]
     assert 0 < out["flips"]["swapped_gate_mean"] < 1
+
+
+def test_update_reference_copies_the_study_and_records_its_load(tmp_path):
+    """relax.moe.experiment --update-reference: r3_results.json, the runs' small files, a README with the command,
+    commit, start and load average (what the lead needs to re-run it)."""
+    import json
+
+    from relax.moe.experiment import update_reference
+
+    run = tmp_path / "out" / "r3_moe" / "cpu" / "relax-r3off-1"
+    run.mkdir(parents=True)
+    (run / "metrics.jsonl").write_text("{}\n")
+    (run / "final_weights.safetensors").write_bytes(b"x")  # weights never go to the reference
+    res = {"argv": ["--out", "out"], "commit": "abc1234", "started": "2026-11-30 11:39 UTC", "wall_s": 60,
+           "load_start": [2.5, 3.0, 4.0], "load_end": [6.0, 5.0, 4.0], "environment": {"cpus": 2},
+           "runs": {"relax": {"off": [{"run": str(run)}], "on": []}},
+           "mismatch": {"warmup": {"engine_dtype": "bfloat16", "trainer_precision": "bf16",
+                                   "r3_on_reduction_pct": {"mean_abs": 19.0, "kl_k3": 63.0},
+                                   "r3_on_reduction_ci95": {"mean_abs": [10, 27], "kl_k3": [33, 78]}}}}
+    path = tmp_path / "out" / "r3_moe" / "r3_results.json"
+    path.write_text(json.dumps(res))
+    ref = tmp_path / "reference" / "r3_moe"
+    (ref / "stale").mkdir(parents=True)
+    update_reference(res, path, ref)
+    assert sorted(p.relative_to(ref).as_posix() for p in ref.rglob("*") if p.is_file()) == [
+        "README.md", "cpu/relax-r3off-1/metrics.jsonl", "r3_results.json"]
+    text = (ref / "README.md").read_text()
+    assert "abc1234" in text and "[2.5, 3.0, 4.0]" in text and "--update-reference" in text
+    assert "19% (95%: 10..27%)" in text and "bf16 trainer" in text

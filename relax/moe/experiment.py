@@ -769,6 +769,7 @@ def main(argv: list[str] | None = None) -> None:
     for f in draw_r3(args.out, args.out / "figures", args.out / "tables"):
         print(f)
     print(path)
+    (path.parent / "README.md").write_text(readme(res, path))  # kept by analysis.reproduce --update-reference too
     if args.update_reference:
         print(update_reference(res, path))
 
@@ -781,7 +782,6 @@ def update_reference(res: dict, path: Path, reference: Path = REFERENCE) -> Path
     """Replace the committed R3 reference set with `res` (written at `path`): r3_results.json, each end-to-end
     run's small files, and a README that records when, at which commit and under which load it was taken."""
     import shutil
-    import subprocess
 
     if reference.exists():
         shutil.rmtree(reference)
@@ -795,6 +795,12 @@ def update_reference(res: dict, path: Path, reference: Path = REFERENCE) -> Path
             for name in RUN_FILES:
                 if (src / name).exists() and (src / name).stat().st_size <= 2_000_000:
                     shutil.copy2(src / name, dest / name)
+    (reference / "README.md").write_text(readme(res, path))
+    return reference
+
+
+def readme(res: dict, path: Path) -> str:
+    """What the results at `path` are: command, commit, when, the load average, the headline numbers."""
     oh = res.get("overhead") or {}
     finished = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(path.stat().st_mtime))
     lines = ["# R3 study, reference results", "",
@@ -820,8 +826,7 @@ def update_reference(res: dict, path: Path, reference: Path = REFERENCE) -> Path
         lines.append(f"- Mismatch, {mm['engine_dtype']} engine vs {mm.get('trainer_precision', 'fp32')} trainer, "
                      f"warm-up weights: R3 cuts the mean |dlogp| by {red['mean_abs']:.0f}%{span('mean_abs')} and the "
                      f"KL by {red['kl_k3']:.0f}%{span('kl_k3')} (published: 38%).")
-    (reference / "README.md").write_text("\n".join(lines) + "\n")
-    return reference
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":
