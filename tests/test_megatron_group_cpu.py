@@ -81,22 +81,28 @@ def test_tp2_dp2_actor_trains_publishes_and_matches_one_rank(tmp_path, single):
 
 
 @pytest.mark.slow
-def test_killed_two_rank_actor_restarts_its_group_from_the_checkpoint(tmp_path, single):
-    """Tier 2 with a worker group (DP 2): the Actor's process (rank 0) is killed, its rank 1 goes with it (Ray ties
-    an actor's life to its creator's), the restarted Actor starts a new group, restores every rank's optimizer
-    state from the checkpoint and trains on; no sample is lost or trained twice."""
+def test_killed_groups_restart_the_reference_in_place_and_the_actor_from_its_checkpoint(tmp_path, single):
+    """Tier 1 and Tier 2 with worker groups (Actor DP 2, Reference TP 2): a killed role's process (rank 0) takes its
+    rank 1 along (Ray ties an actor's life to its creator's). The Reference comes back in place with a new group;
+    the restarted Actor starts a new group, restores every rank's optimizer state from the checkpoint and trains
+    on; no sample is lost or trained twice."""
     from relax.config import load_config
     from relax.controller import run_experiment
 
     cfg = load_config(ROOT / "experiments/async/cpu.yaml", [
-        *SMALL, "steps=5", "resources.actor.workers=2", "health.checkpoint_every=2",
-        "faults=[{role: actor, at_step: 2, kind: kill}]", "algorithm.kl_coef=0"])
+        *SMALL, "steps=5", "resources.actor.workers=2", "resources.reference.workers=2",
+        "training.forward_parallel.tensor=2", "health.checkpoint_every=2",
+        "faults=[{role: reference, at_step: 1, kind: kill}, {role: actor, at_step: 3, kind: kill}]"])
     run_dir, summary = run_experiment(cfg, out=tmp_path, progress=False)
     assert summary["samples_trained"] == 5 * 16 and summary["samples_lost"] == 0 and summary["samples_duplicated"] == 0
+    assert summary["backends"]["reference"].startswith("megatron (2 rank(s)"), summary["backends"]
     rec = json.loads((run_dir / "recovery.json").read_text())
-    (actor,) = [e for e in rec["events"] if e["role"] == "actor"]
-    assert actor["tier"] == 2 and rec["global_restarts"] == 1
-    # the optimizer checkpoint of version 2 (or 4), restored on both ranks of the new group
+    tiers = {e["role"]: e["tier"] for e in rec["events"]}
+    assert tiers == {"reference": 1, "actor": 2} and rec["global_restarts"] == 1, rec["events"]
+    ref = next(e for e in rec["events"] if e["role"] == "reference")
+    assert ref.get("superseded_by_global_restart") or ref["ready_s"] > 0, ref
+    actor = next(e for e in rec["events"] if e["role"] == "actor")
+    # the optimizer checkpoint of version 2 or 4, restored on both ranks of the new group
     assert actor["checkpoint_version"] in (2, 4) and actor["resumed_version"] == actor["resume_step"] < 5, actor
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     _same_first_step(rows[0], single[2][0])
