@@ -12,9 +12,9 @@ this process), since Megatron's collectives need every rank:
 - `accumulate(mb, scale)`: the micro-batch's rows are split over the data-parallel ranks (balanced by tokens);
   the ranks of one data-parallel replica (its TP / PP / CP peers) get the same rows. A data-parallel rank left
   without a row gets one with loss weight 0 (its forward still runs, so expert-parallel all-to-alls match).
-  Metrics come from the last pipeline stage (tensor / context rank 0) of every data-parallel replica: `loss`
-  (a sum under the Actor's unit loss scale) is added up, `*_max` / `*_min` taken over the replicas, the other
-  metrics averaged weighted by tokens.
+  Metrics come from the last pipeline stage (tensor rank 0, every context rank) of every data-parallel replica:
+  `loss` (a sum under the Actor's unit loss scale) is added up, `*_max` / `*_min` taken over them, the other
+  metrics averaged weighted by each rank's response tokens.
 - `divide_grads`, `step`: on every rank; `step` returns rank 0's result (the gradient norm is global).
 - `sync_hf(model)`: every rank's shards are gathered to rank 0 (this process), converted to Hugging Face names
   and copied into `model`, which the role publishes through DCS once, as with one rank.
@@ -156,8 +156,10 @@ class MegatronGroup:
         del state
         self.coords = [coords(), *self._get([w.coords.remote() for w in self.workers])]
         self.dp = self.coords[0]["dp_size"]
-        # One reporter per data-parallel replica: its last pipeline stage, tensor and context rank 0.
+        # Who reports metrics / log-probs: each data-parallel replica's last pipeline stage at tensor rank 0 (every
+        # context rank for metrics, each over its chunk of the sequences; context rank 0 for the gathered log-probs).
         self.reporters = {c["dp"]: c["rank"] for c in self.coords if c["last"] and c["tp"] == 0 and c["cp"] == 0}
+        self.metric_ranks = [(c["dp"], c["rank"]) for c in self.coords if c["last"] and c["tp"] == 0]
         log.info("Megatron group of %d ranks up (DP %d): %s", world, self.dp, self.coords)
 
     # --- dispatch ---------------------------------------------------------------------------------------------
@@ -208,12 +210,11 @@ class MegatronGroup:
         results = self._dispatch_parts("accumulate", parts, lambda p: (p, scale))
         merged: dict[str, float] = {}
         weights: dict[str, float] = {}
-        for d, rank in self.reporters.items():
-            rows, part = parts[d]
-            m = results[rank]
-            if not rows or not m:
+        for d, rank in self.metric_ranks:
+            m = dict(results[rank] or {})
+            if not parts[d][0] or not m:
                 continue
-            n = float(sum(len(r) for r in part["response_ids"]))
+            n = m.pop("mask_tokens", 0.0)
             for k, v in m.items():
                 if k == "loss":
                     merged[k] = merged.get(k, 0.0) + v
@@ -224,7 +225,7 @@ class MegatronGroup:
                 else:
                     merged[k] = merged.get(k, 0.0) + v * n
                     weights[k] = weights.get(k, 0.0) + n
-        return {k: v / weights[k] if k in weights else v for k, v in merged.items()}
+        return {k: v / weights[k] if k in weights else v for k, v in merged.items() if weights.get(k, 1.0) > 0}
 
     def divide_grads(self, denom: float) -> None:
         self._all("divide_grads", lambda r: (denom,))

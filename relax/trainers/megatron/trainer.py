@@ -307,6 +307,7 @@ class MegatronTrainer:
                 loss = loss + a.kl_coef * aggregate(kl, b["mask"], a.loss_agg, scale)
                 metrics["kl"] = float((kl.detach() * b["mask"]).sum() / b["mask"].sum().clamp(min=1))
             metrics["loss"] = float(loss.detach())
+            metrics["mask_tokens"] = float(b["mask"].sum())  # this rank's tokens (its CP chunk): a group's weights
             out["metrics"] = metrics
             return loss * (self.dp_size * weight), {}
 
