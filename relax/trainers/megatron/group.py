@@ -175,7 +175,8 @@ class MegatronGroup:
             return ray.get(refs)
         except ray.exceptions.RayActorError as err:
             # A rank's process is gone: the group cannot go on (its collectives would wait forever). End this
-            # process too, so the supervisor sees the role die and restarts it with a new group (Tier 2).
+            # process too, so the supervisor sees the role die and restarts it with a new group (the Actor: Tier 2,
+            # the Reference: Tier 1).
             log.error("a Megatron rank of %s died (%s): ending the role's process", self.role, err)
             os._exit(1)
 
