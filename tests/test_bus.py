@@ -13,6 +13,7 @@ import ray
 import torch
 
 from relax.bus import Batch, Bus, StreamingLoader
+from relax.bus.gate import PartitionTrained
 from relax.bus.sampler import PUT_KEY, ROW_KEY, GroupSampler
 from relax.config import BusConfig
 
@@ -254,7 +255,7 @@ def test_bad_input_gets_a_clear_error_and_writes_nothing(fresh: Bus):
     with pytest.raises(ValueError, match="max_rows=3 cannot hold a row group"):
         fresh.fetch(0, "t2", ["reward"], max_rows=3, whole_groups=True)
     fresh.mark_trained(0)
-    with pytest.raises(ValueError, match="partition 0 was already marked trained"):
+    with pytest.raises(PartitionTrained, match="partition 0 was already marked trained"):
         fresh.put_rows(0, make_rows([5]))
     with pytest.raises(TimeoutError, match=r"wait_can_start\(3\): still gated after 0.1 s \(oldest unconsumed 1, max_"):
         fresh.wait_can_start(3, timeout=0.1)

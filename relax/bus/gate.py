@@ -11,6 +11,10 @@ import asyncio
 
 import ray
 
+class PartitionTrained(ValueError):
+    """A put into a partition the trainer already finished (every one of its groups was trained)."""
+
+
 NAME = "relax_bus_coordinator"
 NAMESPACE = "relax"
 
@@ -70,7 +74,7 @@ class Coordinator:
             raise ValueError(f"put_rows: {rows} rows can never fit in bus.capacity_rows={self.capacity_rows}")
         async with self.changed:
             if step < self.oldest:
-                raise ValueError(
+                raise PartitionTrained(
                     f"put_rows: partition {step} was already marked trained (oldest unconsumed {self.oldest})"
                 )
             try:

@@ -13,6 +13,7 @@ import ray
 import torch
 
 from relax.algorithms.groups import sample_informative_groups
+from relax.bus.gate import PartitionTrained
 from relax.moe.fields import routing_fields
 from relax.omni.source import engine_class, make_source
 from relax.fault.redelivery import existing_groups
@@ -91,14 +92,22 @@ class RolloutRole(ModelRole):
     def _generate_claim(self, claim: dict) -> None:
         j, groups = claim["step"], claim["groups"]
         if claim["maybe_put"]:  # its previous holder died while putting: keep only groups not on the bus
-            landed = existing_groups(self.bus, j)
+            # A partition already trained had every group (its rows may be cleared from the bus by now).
+            landed = existing_groups(self.bus, j) if j >= self.bus.oldest_unconsumed() else set(range(
+                j * self.cfg.rollout.prompts_per_step, (j + 1) * self.cfg.rollout.prompts_per_step))
             groups = [g for g in groups if j * self.cfg.rollout.prompts_per_step + g not in landed]
         self.sync_weights(block=False)
         if groups:
             with self.rec.span("generate", step=j, groups=len(groups), replica=self.replica):
                 rows = self._rows(j, groups)
                 ray.get(self.queue.putting.remote(claim["cid"]))
-                self.bus.put_rows(j, rows)
+                try:
+                    self.bus.put_rows(j, rows)
+                except PartitionTrained:
+                    # Only possible for a claim whose previous holder's put landed (the trainer cannot finish
+                    # a partition that lacks these groups): these rows would be duplicates; drop them.
+                    if not claim["maybe_put"]:
+                        raise
         ray.get(self.queue.finish.remote(claim["cid"], len(groups)))
 
     def generate_partition(self, k: int) -> dict:
