@@ -60,6 +60,7 @@ class RaySession:
     num_cpus: int
     temp_dir: str = field(default_factory=lambda: tempfile.mkdtemp(prefix="relax-ray-", dir="/tmp"))
     address: str | None = field(default_factory=lambda: os.environ.get("RAY_ADDRESS") or None)
+    num_gpus: int | None = None  # None: the GPUs Ray detects; N on a CPU machine: N logical GPUs (placement tests)
 
     def __enter__(self):
         if self.address:
@@ -68,8 +69,8 @@ class RaySession:
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # no token written under ~/.ray for a local run
         for attempt in range(3):
             try:
-                ray.init(num_cpus=self.num_cpus, include_dashboard=False, _temp_dir=self.temp_dir,
-                         logging_level=logging.WARNING, log_to_driver=True)
+                ray.init(num_cpus=self.num_cpus, num_gpus=self.num_gpus, include_dashboard=False,
+                         _temp_dir=self.temp_dir, logging_level=logging.WARNING, log_to_driver=True)
                 return self
             except Exception as err:  # Ray gives its raylet 30 s to come up: too short on an overloaded host
                 if "timed out during startup" not in str(err) or attempt == 2:

@@ -63,11 +63,9 @@ def model_facts(cfg) -> tuple[dict | None, str]:
 
 
 def _roles(cfg) -> list[str]:
-    from relax.config import model_roles
+    from relax.placement import planned_roles
 
-    model = model_roles(cfg)
-    return ["rollout", "reward", *(["reference"] if "reference" in model else []), "advantages",
-            *(r for r in model if r != "reference")]
+    return planned_roles(cfg)
 
 
 def _res(cfg, role):
@@ -113,15 +111,16 @@ def megatron_layout(cfg, gpus: int, hf: dict | None, override: dict | None = Non
 
 
 def resolve_plan(cfg, *, parallel: dict | None = None, gpus_per_node: int = GPUS_PER_NODE, base_port: int = 30000) -> dict:
+    from relax import placement
     from relax.config import megatron_roles, role_world_size, runs_megatron
     from relax.engines.sglang import engine_tp_size, sglang_command
 
     hf, source = model_facts(cfg)
     roles = _roles(cfg)
     colocate = cfg.mode == "colocate"
-    gpu_roles = [r for r in roles if _res(cfg, r).gpus > 0]
+    gpu_roles = placement.gpu_roles(cfg)
     gpus = {r: _res(cfg, r).gpus for r in roles}
-    total = int(max(gpus.values(), default=0) if colocate else sum(gpus.values()))
+    total = placement.colocate_world(cfg) if colocate else int(sum(gpus.values()))
     problems: list[str] = []
     plan: dict = {
         "experiment": cfg.name, "profile": cfg.profile, "mode": cfg.mode, "max_staleness": cfg.max_staleness,
@@ -133,14 +132,10 @@ def resolve_plan(cfg, *, parallel: dict | None = None, gpus_per_node: int = GPUS
                   "moe": bool(hf and (hf.get("num_experts") or hf.get("num_local_experts")))},
         "roles": [], "placement_groups": [], "megatron": {}, "rollout": {}, "problems": problems, "notes": [],
     }
-    if colocate and gpu_roles:
-        n = total
+    if colocate and gpu_roles:  # the group the supervisor makes (relax/placement.py), shared by every GPU role
         plan["placement_groups"].append({"name": "colocate", "strategy": "PACK",
-                                         "bundles": [{"GPU": 1, "CPU": 1}] * n, "shared_by": gpu_roles})
-        share = {"actor": 0.5, "rollout": 0.25}
-        rest = [r for r in gpu_roles if r not in share]
-        for r in rest:
-            share[r] = round(0.25 / max(len(rest), 1), 4)
+                                         "bundles": placement.bundles(cfg, gpu_roles[0]), "shared_by": gpu_roles})
+        problems += placement.colocate_problems(cfg)
     for role in roles:
         res = _res(cfg, role)
         if role == "rollout":
@@ -156,23 +151,22 @@ def resolve_plan(cfg, *, parallel: dict | None = None, gpus_per_node: int = GPUS
         entry = {"role": role, "backend": backend, "cpus": res.cpus, "gpus": res.gpus, "placement_group": None,
                  "workers": role_world_size(cfg, role) if backend == "megatron" else 1}
         if res.gpus > 0:
+            entry["placement_group"] = placement.group_name(cfg, role)
             if colocate:
-                entry["placement_group"] = "colocate"
-                entry["gpu_fraction_per_bundle"] = share[role]
-            else:
-                entry["placement_group"] = f"{role}_pg"
+                entry["gpu_fraction_per_bundle"] = placement.gpu_share(cfg, role)
             if role == "rollout" and cfg.rollout.engine == "sglang":
                 try:
-                    tp = engine_tp_size(cfg)
+                    engine_tp_size(cfg)
                 except ValueError as e:
                     problems.append(str(e))
-                    tp = 1
                 entry["workers"] = cfg.rollout.replicas
-                bundles = [{"GPU": tp, "CPU": 1}] * cfg.rollout.replicas
             else:
                 entry["workers"] = int(res.gpus)
-                bundles = [{"GPU": 1, "CPU": 1}] * int(res.gpus)
             if not colocate:
+                try:
+                    bundles = placement.bundles(cfg, role)
+                except ValueError:  # the engine's TP does not divide: reported above
+                    bundles = [{"GPU": 1, "CPU": res.cpus}] * cfg.rollout.replicas
                 plan["placement_groups"].append({"name": f"{role}_pg", "strategy": "PACK", "bundles": bundles,
                                                  "shared_by": [role]})
         plan["roles"].append(entry)
@@ -195,10 +189,13 @@ def resolve_plan(cfg, *, parallel: dict | None = None, gpus_per_node: int = GPUS
             lay["micro_batch_tokens"] = cfg.training.micro_batch_tokens
             problems += [f"{role}: {p}" for p in lay["problems"]]
             plan["megatron"][role] = lay
-    if colocate and any(runs_megatron(cfg, r) and _res(cfg, r).gpus > 0 for r in roles):
-        plan["notes"].append("colocate on GPUs: `relax run` gives each Megatron role (actor, reference) a placement "
-                             "group of its own; the shared colocate group above is planned, not built (the roles "
-                             "need their GPUs' sum, not their maximum, today)")
+    if colocate and gpu_roles:
+        megatron = [r for r in gpu_roles if runs_megatron(cfg, r)]
+        plan["notes"].append(
+            "colocate on GPUs: `relax run` makes the one `colocate` group above (relax/placement.py); every GPU "
+            f"process asks its role's share of its bundle's GPU ({', '.join(megatron) or 'no'} Megatron ranks; the "
+            "rollout's share is for its SGLang engines, launch_sglang_engines(placement=...)), so Ray admits the roles "
+            "side by side on the same GPUs and the colocated schedule time-slices them")
     if cfg.rollout.engine == "sglang":
         cmds, rp = [], plan["rollout"]
         try:

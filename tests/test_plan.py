@@ -37,7 +37,7 @@ def test_colocate_plan_shares_one_placement_group():
     (pg,) = plan["placement_groups"]
     assert len(pg["bundles"]) == 16 and set(pg["shared_by"]) == {"actor", "rollout", "reference"}
     shares = [r["gpu_fraction_per_bundle"] for r in plan["roles"] if r["gpus"] > 0]
-    assert abs(sum(shares) - 1.0) < 1e-6
+    assert len(set(shares)) == 1 and 0.999 < sum(shares) <= 1.0  # equal shares of each GPU (Ray's 1e-4 steps)
     assert len(plan["rollout"]["commands"]) == 16
     assert all("--enable-memory-saver" in c["command"] for c in plan["rollout"]["commands"])
     assert plan["megatron"]["actor"]["dp"] == 8

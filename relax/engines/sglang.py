@@ -4,7 +4,7 @@ speaks SGLang's native API (a real `sglang.launch_server`, or our torch engine i
 - `sglang_server_args(cfg, replica, port)` builds `python -m sglang.launch_server ...` from the experiment config
   (model path, TP size = rollout GPUs / replicas, dtype, seed, routed experts for MoE, memory saver when colocated).
 - `SGLangProcess` is a Ray actor that owns one server process on the GPUs Ray gave it (CUDA_VISIBLE_DEVICES is set
-  by Ray); `launch_sglang_engines` starts one per replica, optionally inside placement-group bundles.
+  by Ray); `launch_sglang_engines` starts one per replica, optionally inside placement-group bundles (relax.placement).
 - `EngineClient(url)` drives one server: generate with per-token log-probs (and routed experts for MoE),
   pause / flush / continue, weight updates from disk, from tensors, or from a DCS broadcast group, health checks.
   `connect_engines(urls)` accepts already-running engines by URL (the scale-out API's external mode).
@@ -122,9 +122,12 @@ def _sglang_process_cls():
     return SGLangProcess
 
 
-def launch_sglang_engines(cfg, *, base_port: int = 30000, placement_group=None, log_dir: str | None = None,
-                          health_timeout: float = 900.0):
-    """Start one SGLang server per rollout replica as Ray-managed processes; returns [(actor, EngineClient)]."""
+def launch_sglang_engines(cfg, *, base_port: int = 30000, placement_group=None, placement=None,
+                          log_dir: str | None = None, health_timeout: float = 900.0):
+    """Start one SGLang server per rollout replica as Ray-managed processes; returns [(actor, EngineClient)].
+    `placement` (a relax.placement.Placement): engine r on bundle r of the rollout's group (in colocate mode the
+    group every GPU role shares, asking the rollout's fraction of the GPU); else `placement_group`: bundle r of it,
+    asking the engine's TP GPUs."""
     import ray
 
     tp = engine_tp_size(cfg)
@@ -134,7 +137,9 @@ def launch_sglang_engines(cfg, *, base_port: int = 30000, placement_group=None, 
         port = base_port + 2 * r
         argv = sglang_server_args(cfg, r, port=port, nccl_port=base_port + 1000 + r)
         opts: dict = {"num_gpus": tp, "num_cpus": 1}
-        if placement_group is not None:
+        if placement is not None:
+            opts = placement.options("rollout", r)
+        elif placement_group is not None:
             from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
             opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(placement_group, placement_group_bundle_index=r)

@@ -37,6 +37,7 @@ from relax.api.pool import GroupQueue, RayRolloutPool
 from relax.config import runs_megatron
 from relax.fault.inject import FaultInjector
 from relax.fault.redelivery import live_partitions, redeliver
+from relax.placement import Placement
 from relax.weights.dcs import DCS
 
 log = logging.getLogger(__name__)
@@ -66,7 +67,9 @@ class Supervisor:
         self.restarting: dict = {}  # ready() ref of a replacement -> (role key, handle, event)
         self.pids: dict[str, int] = {}
         self.backends: dict[str, str] = {}
-        self.pgs: dict = {}  # placement groups of GPU roles (a Megatron Actor's ranks), kept across restarts
+        # GPU placement groups (relax/placement.py): one per Megatron role with GPUs in async mode, one shared by
+        # every GPU role in colocate mode; made on first use and kept across restarts.
+        self.placement = Placement(self.cfg)
         self.injector = FaultInjector(self.cfg.faults, self._pid_for)
         self.t_start = time.time()
 
@@ -120,13 +123,10 @@ class Supervisor:
         actor_name = f"relax-{key}" + (f"-restart{gen - 1}" if gen > 1 else "")
         opts = {"num_cpus": res.cpus, "name": actor_name}
         if res.gpus > 0 and runs_megatron(cfg, name):
-            # Megatron on GPUs (Actor, Reference): the role is rank 0 of its group, on bundle 0 of the role's
-            # placement group (one GPU bundle per rank, made once; a restarted role's ranks take the freed bundles).
-            from relax.trainers.megatron.group import gpu_placement_group, rank_options
-
-            if name not in self.pgs:
-                self.pgs[name] = gpu_placement_group(cfg, name)
-            opts.update(rank_options(self.pgs[name], 0))
+            # Megatron on GPUs (Actor, Reference): the role is rank 0 of its group, on bundle 0 of its placement
+            # group (the role's own in async mode, a whole GPU per rank; in colocate mode the group every GPU role
+            # shares, a fraction of each GPU per rank). Made once: a restarted role's ranks take the freed bundles.
+            opts.update(self.placement.options(name, 0))
         return ROLE_CLASSES[name].options(**opts).remote(cfg, c.bus, c.telemetry, self.dcs, res.threads, **kwargs)
 
     def _start_replica(self, handle, index: int, start: int | None = None, recover: bool = False):
@@ -440,6 +440,7 @@ class Supervisor:
             ray.kill(h)
         if getattr(self, "dcs", None) is not None:
             self.dcs.close()
+        self.placement.release()
 
 
 def disk_cold_reload(path: Path) -> float | None:

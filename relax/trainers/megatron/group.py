@@ -4,8 +4,9 @@ The role's own process is global rank 0; `MegatronGroup` starts ranks 1..N-1 as 
 all N join one torch.distributed group (NCCL on GPUs, gloo on a CPU-only machine with megatron-core's CUDA calls
 emulated by cpu_shim: the same code) and Megatron's parallel state with the role's TP / PP / CP / EP. On GPUs each
 rank holds one GPU: rank r is placed in bundle r of the placement group the role itself was placed in (the
-supervisor makes it, one {GPU: 1} bundle per rank). Ray ties the ranks' lives to the role's process: when the role
-dies (Tier 2 restart) its ranks go with it.
+supervisor makes it with relax.placement: one {GPU: 1} bundle per rank; in colocate mode the one group every GPU
+role shares, each rank asking its role's fraction of the bundle's GPU). Ray ties the ranks' lives to the role's
+process: when the role dies (Tier 2 restart) its ranks go with it.
 
 Every call of the trainer interface is dispatched to all ranks at once (the remote ranks first, then rank 0 in
 this process), since Megatron's collectives need every rank:
@@ -83,28 +84,19 @@ class MegatronRank:
 
 
 def gpu_placement_group(cfg, role: str = "actor", timeout_s: float = 600.0):
-    """One {GPU: 1, CPU: cpus} bundle per rank of a Megatron role with GPUs (the plan's `<role>_pg`), PACKed;
-    made by the supervisor once and reused by every restart of the role."""
-    from relax.config import role_world_size
+    """The placement group a Megatron role's ranks go in (relax.placement): one {GPU: 1, CPU: cpus} bundle per rank
+    in async mode (the plan's `<role>_pg`), the group shared by every GPU role in colocate mode; PACKed. The
+    supervisor makes it once (relax.placement.Placement) and reuses it for every restart of the role."""
+    from relax.placement import make_group
 
-    res = getattr(cfg.resources, role)
-    bundle = {"GPU": 1, **({"CPU": res.cpus} if res.cpus else {})}
-    world = role_world_size(cfg, role)
-    pg = ray.util.placement_group([bundle] * world, strategy="PACK")
-    try:
-        ray.get(pg.ready(), timeout=timeout_s)
-    except ray.exceptions.GetTimeoutError:
-        ray.util.remove_placement_group(pg)
-        raise RuntimeError(f"resources.{role}: {world} bundle(s) of {bundle} not available in the Ray cluster after "
-                           f"{timeout_s:.0f} s (cluster resources: {ray.cluster_resources()})") from None
-    return pg
+    return make_group(cfg, role, timeout_s)
 
 
-def rank_options(pg, rank: int) -> dict:
-    """Ray options placing rank `rank` of a group on its GPU bundle."""
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+def rank_options(pg, rank: int, num_gpus: float = 1.0) -> dict:
+    """Ray options placing rank `rank` of a group on its GPU bundle (`num_gpus` < 1: a colocated share)."""
+    from relax.placement import bundle_options
 
-    return {"num_gpus": 1, "scheduling_strategy": PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=rank)}
+    return bundle_options(pg, rank, num_gpus)
 
 
 def split_rows(lengths: list[int], parts: int) -> list[list[int]]:
@@ -127,6 +119,7 @@ class MegatronGroup:
     N ranks; rank 0's trainer lives in this process."""
 
     def __init__(self, cfg, model, pad_id: int, world: int, role: str = "actor"):
+        from relax.placement import process_options
         from relax.trainers.megatron.convert import hf_state_from_model
 
         self.world, self.role = world, role
@@ -144,7 +137,7 @@ class MegatronGroup:
                 if pg is None:
                     raise RuntimeError(f"{role}: a {world}-GPU Megatron group needs its process placed in a "
                                        "placement group (relax.trainers.megatron.group.gpu_placement_group)")
-                opts.update(rank_options(pg, r))
+                opts.update(process_options(cfg, role, pg, r))  # a whole GPU, or its colocated share
             self.workers.append(remote_rank.options(**opts).remote(
                 cfg, model.config, state_ref, pad_id, r, world, addr, port, res.threads, role))
         _rank_env(0, world, addr, port)
