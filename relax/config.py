@@ -136,7 +136,11 @@ class GenRMConfig(Strict):
 
 
 class RolloutConfig(Strict):
-    engine: Literal["torch", "sglang"] = "torch"
+    # torch: in-process TorchEngine; torch_http: our torch engine server per replica, driven over SGLang's HTTP API
+    # (relax/engines/remote.py); sglang: an SGLang server per replica (GPUs). engine_urls: engines already running,
+    # one per replica (connect, launch nothing).
+    engine: Literal["torch", "torch_http", "sglang"] = "torch"
+    engine_urls: list[str] = Field(default_factory=list)
     replicas: int = Field(1, ge=1)
     prompts_per_step: int = Field(8, ge=1)
     group_size: int = Field(8, ge=2)
@@ -342,8 +346,18 @@ class ExperimentConfig(Strict):
         supervised = self.mode == "async" and self.schedule == "relax"
         # Several torch-engine replicas share a partition through the async GroupQueue; SGLang engines on a
         # cluster are independent servers and run in every mode.
-        if self.rollout.replicas > 1 and self.rollout.engine == "torch" and not supervised:
-            raise ValueError("rollout.replicas > 1 (torch engine) needs mode 'async' and schedule 'relax'")
+        if self.rollout.replicas > 1 and self.rollout.engine != "sglang" and not supervised:
+            raise ValueError(f"rollout.replicas > 1 ({self.rollout.engine} engine) needs mode 'async' and schedule "
+                             "'relax'")
+        if self.rollout.engine_urls:
+            if self.rollout.engine == "torch":
+                raise ValueError("rollout.engine_urls: external engines need rollout.engine 'torch_http' or 'sglang'")
+            if len(self.rollout.engine_urls) != self.rollout.replicas:
+                raise ValueError(f"rollout.engine_urls: {len(self.rollout.engine_urls)} URL(s) but rollout.replicas="
+                                 f"{self.rollout.replicas} (one running engine per replica)")
+        if self.rollout.engine != "torch" and (self.task.kind != "text" or self.model.kind == "tiny_omni"):
+            raise ValueError(f"rollout.engine: {self.task.kind} tasks and omni models run on the in-process 'torch' engine only "
+                             f"(not '{self.rollout.engine}')")
         for i, f in enumerate(self.faults):
             if not supervised:
                 raise ValueError(f"faults.{i}: fault injection needs mode 'async' and schedule 'relax'")

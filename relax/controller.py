@@ -260,5 +260,8 @@ class Controller:
 def run_experiment(cfg: ExperimentConfig, out: str | Path = "results", run: str | None = None,
                    progress: bool = True, api_port: int | None = None) -> tuple[Path, dict]:
     get_schedule(cfg)  # a config the chosen schedule cannot run fails here, before any folder is made
+    from relax.engines.remote import check_engine_available
+
+    check_engine_available(cfg)  # rollout.engine 'sglang' without sglang installed: fail before anything runs
     run_dir = make_run_dir(cfg, out, run)
     return run_dir, Controller(cfg, run_dir, progress, api_port).run()

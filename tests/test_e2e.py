@@ -64,6 +64,22 @@ def test_async_off_policy_cli_run(tmp_path):
     assert summary["mode"] == "async" and summary["staleness_max"] <= 1
 
 
+def test_async_torch_http_engine_cli_run(tmp_path):
+    """rollout.engine=torch_http: the Rollout replica launches the torch engine HTTP server and generates through
+    the SGLang client (relax/engines/remote.py); the Actor's published versions reach the server (each row's
+    weight_version is the one the server reports, and the on-time staleness bound holds only if they advance)."""
+    out = tmp_path / "results"
+    cmd = [sys.executable, "-m", "relax.cli", "run", "experiments/async/cpu.yaml", "--steps", "3", "--out", str(out),
+           "--no-progress", "rollout.engine=torch_http", *SMALL]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run_dir,) = list((out / "async" / "cpu").iterdir())
+    rows, summary = _check_run(run_dir, 3, 1, ROLES)
+    assert summary["backends"]["rollout"] == "torch_http engine"
+    # staleness = step - row weight_version: rows of step 2 came from server version >= 1 (it started at 0)
+    assert rows[-1]["staleness_max"] <= 1 and rows[-1]["step"] == 2
+
+
 def test_async_on_policy_never_stale(tmp_path):
     cfg = load_config(ROOT / "experiments/async/cpu-onpolicy.yaml", ["steps=3", *SMALL])
     run_dir, summary = run_experiment(cfg, out=tmp_path, progress=False)

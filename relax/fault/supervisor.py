@@ -127,6 +127,10 @@ class Supervisor:
             # group (the role's own in async mode, a whole GPU per rank; in colocate mode the group every GPU role
             # shares, a fraction of each GPU per rank). Made once: a restarted role's ranks take the freed bundles.
             opts.update(self.placement.options(name, 0))
+        elif name == "rollout" and cfg.rollout.engine == "sglang" and not cfg.rollout.engine_urls and res.gpus > 0:
+            # The replica launches its SGLang server as a child process: it holds engine `index`'s bundle (its TP's
+            # GPUs; Ray sets CUDA_VISIBLE_DEVICES, which the server inherits).
+            opts.update(self.placement.options(name, index or 0))
         return ROLE_CLASSES[name].options(**opts).remote(cfg, c.bus, c.telemetry, self.dcs, res.threads, **kwargs)
 
     def _start_replica(self, handle, index: int, start: int | None = None, recover: bool = False):
