@@ -116,6 +116,11 @@ def test_engine_config_checks():
     cfg = _cfg("rollout.engine=sglang", 'rollout.engine_urls=["http://127.0.0.1:1"]')
     assert cfg.rollout.engine_urls == ["http://127.0.0.1:1"]
     check_engine_available(cfg)  # external engines need no local sglang
+    omni = ROOT / "experiments/omni/cpu.yaml"
+    with pytest.raises(ValueError, match="rollout.engine"):
+        load_config(omni, ["rollout.engine=torch_http"])
+    with pytest.raises(RuntimeError, match="rollout.engine: 'sglang' generates text only"):
+        check_engine_available(load_config(omni, ["rollout.engine=sglang"]))
     if not sglang_available():
         with pytest.raises(RuntimeError, match="sglang package is not importable"):
             check_engine_available(_cfg("rollout.engine=sglang"))

@@ -51,6 +51,9 @@ def sglang_available() -> bool:
 
 def check_engine_available(cfg) -> None:
     """Fail before anything runs when the configured engine cannot start here."""
+    if cfg.rollout.engine != "torch" and (cfg.task.kind != "text" or cfg.model.kind == "tiny_omni"):
+        raise RuntimeError(f"rollout.engine: '{cfg.rollout.engine}' generates text only; {cfg.task.kind} tasks "
+                           "(media inputs, multi-turn tool episodes) run on the in-process 'torch' engine for now")
     if cfg.rollout.engine == "sglang" and not cfg.rollout.engine_urls and not sglang_available():
         raise RuntimeError("rollout.engine: 'sglang' launches `python -m sglang.launch_server`, but the sglang "
                            "package is not importable in this environment (install sglang on the GPU nodes, "
