@@ -142,3 +142,55 @@ def test_external_engine_by_url():
         assert srv.proc.poll() is None  # an external engine is not ours to stop
     finally:
         srv.stop()
+
+
+@pytest.mark.slow
+def test_async_torch_http_dead_server_restarts_the_replica(tmp_path):
+    """The engine server of the (only) Rollout replica is SIGKILLed mid-run: the replica exits, Tier 1 restarts it
+    with a fresh server, and the run trains every sample once."""
+    import threading
+    import time
+
+    import psutil
+
+    from relax.controller import run_experiment
+
+    small = ["rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.chunk_groups=2", "warmup.steps=40",
+             "task.eval_size=16"]
+    cfg = _cfg("rollout.engine=torch_http", "steps=4", *small)
+    killed = []
+
+    def kill_server_after_first_step():
+        from relax.engines.sglang import EngineClient
+
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            # our own descendants only (Ray's raylet and its workers are children of this process)
+            for p in psutil.Process().children(recursive=True):
+                try:
+                    cmd = p.cmdline()
+                except psutil.NoSuchProcess:
+                    continue
+                if "relax.engines.http_server" not in cmd:
+                    continue
+                client = EngineClient(f"http://127.0.0.1:{cmd[cmd.index('--port') + 1]}", timeout=5)
+                try:  # the Actor's step-1 weights reached the server: kill it mid-run
+                    if int(client.weight_version()) >= 2:
+                        p.kill()
+                        killed.append(p.pid)
+                        return
+                except Exception:  # noqa: BLE001 - not up yet
+                    pass
+                finally:
+                    client.close()
+            time.sleep(0.2)
+
+    t = threading.Thread(target=kill_server_after_first_step, daemon=True)
+    t.start()
+    run_dir, summary = run_experiment(cfg, out=tmp_path, progress=False)
+    t.join(5)
+    assert killed, "no engine server was found to kill"
+    assert summary["samples_trained"] == 4 * 16
+    assert summary["samples_lost"] == 0 and summary["samples_duplicated"] == 0
+    rec = json.loads((run_dir / "recovery.json").read_text())
+    assert [(e["role"], e["tier"]) for e in rec["events"]] == [("rollout", 1)]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 import time
 
 import ray
@@ -80,6 +81,19 @@ class RolloutRole(ModelRole):
         return fn(self, *args, **kwargs)
 
     def run(self, steps: int, start: int = 0, recover: bool = False) -> None:
+        from relax.engines.remote import EngineDied
+
+        try:
+            return self._run(steps, start)
+        except EngineDied as e:
+            # A dead engine server is a dead engine: end this process, so the supervisor restarts the replica
+            # (Tier 1) with a fresh server, as for any dead rollout process.
+            print(f"rollout replica {self.replica or 0}: {e}; exiting so that it is restarted", file=sys.stderr,
+                  flush=True)
+            self.engine.close()
+            os._exit(1)
+
+    def _run(self, steps: int, start: int = 0) -> None:
         if self.queue is not None:
             return self.run_shared(steps, start)
         for k in range(start, steps):
