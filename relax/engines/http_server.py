@@ -507,6 +507,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def terminate(proc: subprocess.Popen, timeout: float = 10.0, group: bool = False) -> int | None:
+    """SIGTERM `proc` (its whole process group with `group`), SIGKILL after `timeout`; returns its exit code."""
+    kill = os.killpg if group else os.kill
+    if proc.poll() is None:
+        kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return proc.returncode
+
+
 @dataclass
 class ServerProcess:
     proc: subprocess.Popen
@@ -518,14 +531,7 @@ class ServerProcess:
 
     def stop(self, timeout: float = 10.0) -> int:
         """SIGTERM, then SIGKILL after `timeout` (a paused in-flight request would hold a graceful shutdown)."""
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        return self.proc.returncode
+        return terminate(self.proc, timeout)
 
 
 def wait_healthy(url: str, timeout: float = 120.0, proc: subprocess.Popen | None = None) -> None:

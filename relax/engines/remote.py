@@ -33,6 +33,7 @@ import time
 
 import numpy as np
 
+from relax.engines.http_server import terminate
 from relax.engines.sglang import EngineClient, EngineError, WeightSync, sglang_server_args
 from relax.engines.torch_engine import Generation
 
@@ -97,14 +98,7 @@ class OwnedServer:
 
     def stop(self, timeout: float = 10.0) -> int | None:
         """SIGTERM the watchdog (it ends the server's process group), SIGKILL after `timeout`."""
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        return self.proc.returncode
+        return terminate(self.proc, timeout)
 
 
 def _server_preexec() -> None:
@@ -123,11 +117,7 @@ def _watch(parent: int, argv: list[str]) -> int:
 
     def end(*_):
         try:
-            os.killpg(child.pid, signal.SIGTERM)
-            try:
-                child.wait(5.0)
-            except subprocess.TimeoutExpired:
-                os.killpg(child.pid, signal.SIGKILL)
+            terminate(child, 5.0, group=True)
         except ProcessLookupError:
             pass
         sys.exit(child.returncode if child.returncode is not None else 1)

@@ -110,14 +110,9 @@ def _sglang_process_cls():
             return self.proc.poll() is None
 
         def stop(self, timeout: float = 30.0) -> int | None:
-            if self.proc.poll() is None:
-                os.killpg(self.proc.pid, 15)
-                try:
-                    self.proc.wait(timeout)
-                except subprocess.TimeoutExpired:
-                    os.killpg(self.proc.pid, 9)
-                    self.proc.wait()
-            return self.proc.returncode
+            from relax.engines.http_server import terminate
+
+            return terminate(self.proc, timeout, group=True)
 
     return SGLangProcess
 
