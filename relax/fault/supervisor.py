@@ -212,10 +212,15 @@ class Supervisor:
         watching, polling and injecting); a Tier 2 global restart stops the world."""
         limit = self.cfg.health.max_role_restarts
         names = [k if isinstance(k, str) else f"rollout-{k[1]}" for k in keys]
-        if "actor" in names:
-            return self._global_restart("actor", "the Actor failed")
         over = [n for n in names if self.restarts[n] >= limit]
-        if over:
+        if "actor" in names or over:
+            # Roles found dead beside the cause are recorded too: the global restart brings them back with it.
+            for key, name in zip(keys, names):
+                if name != "actor" and not (isinstance(key, tuple) and key[0] == "spare"):
+                    role, replica = ("rollout", key[1]) if isinstance(key, tuple) else (key, None)
+                    self._event(role, 1, replica)["superseded_by_global_restart"] = True
+            if "actor" in names:
+                return self._global_restart("actor", "the Actor failed")
             return self._global_restart(over[0], f"{over[0]} failed more than health.max_role_restarts={limit} times")
         for key in keys:
             self._begin_restart(key)
