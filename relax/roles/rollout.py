@@ -130,10 +130,11 @@ class RolloutRole(ModelRole):
     def _generate_claim(self, claim: dict) -> None:
         j, groups = claim["step"], claim["groups"]
         if claim["maybe_put"]:  # its previous holder died while putting: keep only groups not on the bus
-            # A partition already trained had every group (its rows may be cleared from the bus by now).
-            landed = existing_groups(self.bus, j) if j >= self.bus.oldest_unconsumed() else set(range(
-                j * self.cfg.rollout.prompts_per_step, (j + 1) * self.cfg.rollout.prompts_per_step))
-            groups = [g for g in groups if j * self.cfg.rollout.prompts_per_step + g not in landed]
+            if j < self.bus.oldest_unconsumed():  # trained, so every group landed (its rows may be cleared by now)
+                groups = []
+            else:
+                landed = existing_groups(self.bus, j)
+                groups = [g for g in groups if j * self.cfg.rollout.prompts_per_step + g not in landed]
         self.sync_weights(block=False)
         if groups:
             with self.rec.span("generate", step=j, groups=len(groups), replica=self.replica):
