@@ -157,7 +157,10 @@ def test_async_torch_http_dead_server_restarts_the_replica(tmp_path):
 
     small = ["rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.chunk_groups=2", "warmup.steps=40",
              "task.eval_size=16"]
-    cfg = _cfg("rollout.engine=torch_http", "steps=4", *small)
+    # 6 steps: with max_staleness 1 partition k needs weights >= k - 1, so once the server holds version 2 (when it is
+    # killed) partitions 4 and 5 are still to come and need a live server (with 4 steps the Rollout could already
+    # have generated everything and never notice the kill).
+    cfg = _cfg("rollout.engine=torch_http", "steps=6", *small)
     killed = []
 
     def kill_server_after_first_step():
@@ -190,7 +193,7 @@ def test_async_torch_http_dead_server_restarts_the_replica(tmp_path):
     run_dir, summary = run_experiment(cfg, out=tmp_path, progress=False)
     t.join(5)
     assert killed, "no engine server was found to kill"
-    assert summary["samples_trained"] == 4 * 16
+    assert summary["samples_trained"] == 6 * 16
     assert summary["samples_lost"] == 0 and summary["samples_duplicated"] == 0
     rec = json.loads((run_dir / "recovery.json").read_text())
     assert [(e["role"], e["tier"]) for e in rec["events"]] == [("rollout", 1)]
