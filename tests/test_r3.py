@@ -318,7 +318,8 @@ def test_verl_emulated_trainer_replays_the_routing_in_its_old_log_prob_forward(t
     root = Path(__file__).resolve().parents[1]
     cfg = load_config(root / "experiments/r3_moe/cpu.yaml",
                       ["schedule=verl", "moe.r3=true", "steps=2", "rollout.prompts_per_step=4", "rollout.group_size=4",
-                       "warmup.steps=20", "task.eval_size=8", "model.hidden_size=64", "model.intermediate_size=192"])
+                       "warmup.steps=20", "task.eval_size=8", "model.hidden_size=64", "model.intermediate_size=192",
+                       "rollout.max_new_tokens=8"])
     run_dir, summary = run_experiment(cfg, out=tmp_path, run="verl-r3", progress=False)
     metrics = load_metrics(run_dir)
     assert summary["schedule"] == "verl" and summary["samples_lost"] == 0

@@ -1,7 +1,7 @@
 """The R3 experiment (experiments/r3_moe/): overhead, log-prob mismatch, bytes, reward curves; R3 off and on.
 
 `python -m relax.moe.experiment [--config experiments/r3_moe/cpu.yaml] [--steps N] [--reps R] [--out results]`
-(the defaults are what `make reproduce-fig` runs: about 5 min on a quiet 2-core machine, warm-ups cached)
+(the defaults are what `make reproduce-fig` runs: about 27 min on a quiet 2-core machine, warm-ups cached)
 
 1. Overhead, side by side in one process (`overhead`): the work of one RL step (the rollout's generation
    of the step's rows with the bus conversion of its fields, the Actor's forward+backward over its
@@ -35,6 +35,7 @@ import importlib
 import json
 import os
 import platform
+import shlex
 import statistics
 import sys
 import time
@@ -53,19 +54,21 @@ from relax.trainers import TorchTrainer, budget_slices, compute_log_probs, pack
 from relax.trainers.torch_trainer import compute_precision
 
 RESULTS_FILE = "r3_results.json"
-# The defaults `analysis.reproduce` runs with (about 5 min on a quiet 2-core machine once the warm-ups are cached):
+# The defaults `analysis.reproduce` runs with (about 27 min on a quiet 2-core machine once the warm-ups are cached):
 STEPS = 15  # each end-to-end run
 # The runs' end-of-run evaluation (summary.json) on 16 prompts, not the config's 128: the study reads the training
 # rewards, and 4 x 128 sampled generations per run would double a run's time.
 RUN_OVERRIDES = ["task.eval_size=16"]
 STAGGER_S = 15.0  # between the starts of the two runs of a pair (each runs for minutes)
-# Other routing shapes, for the mismatch only (warm-up weights, same warm-up recipe): the first tiny shape
-# (2 layers, 8 experts, top-2); the config's experts three times deeper (12 layers: toward Qwen3-30B-A3B's 48,
-# more routers per token); and Qwen3-30B-A3B's routing ratios (128 experts, top-8, experts 768 wide = 0.375 x
-# hidden 2048): 8 layers, 64 experts, top-8, experts 48 wide (0.375 x hidden 128).
-VARIANTS = ["model.num_layers=2 model.num_experts=8 model.experts_per_token=2",
-            "model.num_layers=12",
-            "model.num_layers=8 model.num_experts=64 model.experts_per_token=8 model.intermediate_size=96"]
+# Other settings, for the mismatch only (warm-up weights, the same warm-up recipe), each a shell-quoted list of
+# overrides: the config's model on 1-digit arithmetic, whose answers are 1-3 tokens (the study's task until
+# 2026-11-30: R3 cut the mean |dlogp| by 19% there). Other routing shapes measured before on that task (README):
+# SHAPES; on the Caesar task their warm-ups take 15-30 min each on 2 cores, so they are not in the defaults.
+SHORT_ANSWERS = ("task.name=basic_arithmetic task.params='{min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 1, "
+                 "operators: [\"+\", \"-\"], allow_parentheses: false, allow_negation: false}' rollout.max_new_tokens=8")
+VARIANTS = [SHORT_ANSWERS]
+SHAPES = ["model.num_layers=2 model.num_experts=8 model.experts_per_token=2", "model.num_layers=12",
+          "model.num_layers=8 model.num_experts=64 model.experts_per_token=8 model.intermediate_size=96"]
 
 
 def _commit() -> str:
@@ -699,8 +702,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--final-mismatch", nargs="*", default=["relax"],
                    help="schedules whose runs' final weights get a mismatch measurement too")
     p.add_argument("--variants", nargs="*", default=VARIANTS,
-                   help='other model shapes for the mismatch measurement (warm-up weights), each a quoted list of '
-                        'overrides, e.g. "model.num_layers=2 model.num_experts=8 model.experts_per_token=2"')
+                   help='other settings for the mismatch measurement (warm-up weights), each a shell-quoted list of '
+                        'overrides, e.g. "model.num_layers=2 model.num_experts=8 model.experts_per_token=2" (SHAPES '
+                        'has the shapes measured before; --variants with nothing after it measures none)')
     p.add_argument("--update-reference", action="store_true",
                    help=f"replace {REFERENCE} with this invocation's results (small files of the runs, "
                         "r3_results.json, a README with the load average)")
@@ -758,10 +762,11 @@ def main(argv: list[str] | None = None) -> None:
         print("mismatch of other model shapes (warm-up weights) ...", flush=True)
         res["mismatch_variants"] = {}
         for v in args.variants:
-            vcfg = load_config(args.config, [*args.overrides, *v.split()])
+            vcfg = load_config(args.config, [*args.overrides, *shlex.split(v)])
             m = vcfg.model
-            key = f"{m.num_layers} layers, {m.num_experts} experts, top-{m.experts_per_token}"
-            res["mismatch_variants"][key] = {"overrides": v.split(),
+            key = (f"{m.num_layers} layers, {m.num_experts} experts, top-{m.experts_per_token}, {vcfg.task.name}, "
+                   f"<= {vcfg.rollout.max_new_tokens} tokens")
+            res["mismatch_variants"][key] = {"overrides": shlex.split(v),
                                              **mismatch(vcfg, warmup_state(vcfg), args.mismatch_groups)}
             save()
     from relax.moe.report import draw_r3
@@ -811,7 +816,7 @@ def readme(res: dict, path: Path) -> str:
              f"on {res.get('environment', {}).get('cpus')} cores.", "",
              "`r3_results.json` holds every measurement; `make figures` draws results/figures/r3_moe.png and "
              "results/tables/r3_moe.{md,csv} from it. Refresh (on a quiet machine): "
-             "`python -m relax.moe.experiment --out results --update-reference` (about 15 min on 2 cores, warm-ups "
+             "`python -m relax.moe.experiment --out results --update-reference` (about 30 min on 2 cores, warm-ups "
              "cached). Overheads are off/on ratios measured side by side, unit by unit (robust to load); the "
              "end-to-end pairs' step times are not. See experiments/r3_moe/README.md for the reading.", ""]
     if oh:
