@@ -422,3 +422,21 @@ def test_update_reference_copies_the_study_and_records_its_load(tmp_path):
     text = (ref / "README.md").read_text()
     assert "abc1234" in text and "[2.5, 3.0, 4.0]" in text and "--update-reference" in text
     assert "19% (95%: 10..27%)" in text and "bf16 trainer" in text
+
+
+def test_study_variants_parse_into_valid_configs():
+    """The study's default variants and the shapes kept in SHAPES are valid override lists for the config (shell
+    quoting keeps a YAML mapping in one override); the short-answer variant is the arithmetic task, the config's
+    own task the long-sequence Caesar cipher."""
+    import shlex
+
+    from relax.config import load_config
+    from relax.moe.experiment import SHAPES, SHORT_ANSWERS, VARIANTS
+
+    base = load_config("experiments/r3_moe/cpu.yaml")
+    assert base.task.name == "caesar_cipher" and base.rollout.max_new_tokens >= 44
+    for v in VARIANTS + SHAPES:
+        load_config("experiments/r3_moe/cpu.yaml", shlex.split(v))
+    short = load_config("experiments/r3_moe/cpu.yaml", shlex.split(SHORT_ANSWERS))
+    assert short.task.name == "basic_arithmetic" and short.task.params["operators"] == ["+", "-"]
+    assert short.rollout.max_new_tokens == 8 and short.model == base.model

@@ -759,7 +759,7 @@ def main(argv: list[str] | None = None) -> None:
         res["mismatch"] = mm
         save()
     if args.variants and "mismatch" not in args.skip:
-        print("mismatch of other model shapes (warm-up weights) ...", flush=True)
+        print("mismatch of the other settings (--variants, warm-up weights) ...", flush=True)
         res["mismatch_variants"] = {}
         for v in args.variants:
             vcfg = load_config(args.config, [*args.overrides, *shlex.split(v)])
