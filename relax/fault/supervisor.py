@@ -213,15 +213,15 @@ class Supervisor:
         limit = self.cfg.health.max_role_restarts
         names = [k if isinstance(k, str) else f"rollout-{k[1]}" for k in keys]
         over = [n for n in names if self.restarts[n] >= limit]
-        if "actor" in names or over:
+        cause = (("actor", "the Actor failed") if "actor" in names else
+                 (over[0], f"{over[0]} failed more than health.max_role_restarts={limit} times") if over else None)
+        if cause:
             # Roles found dead beside the cause are recorded too: the global restart brings them back with it.
             for key, name in zip(keys, names):
                 if name != "actor" and not (isinstance(key, tuple) and key[0] == "spare"):
                     role, replica = ("rollout", key[1]) if isinstance(key, tuple) else (key, None)
                     self._event(role, 1, replica)["superseded_by_global_restart"] = True
-            if "actor" in names:
-                return self._global_restart("actor", "the Actor failed")
-            return self._global_restart(over[0], f"{over[0]} failed more than health.max_role_restarts={limit} times")
+            return self._global_restart(*cause)
         for key in keys:
             self._begin_restart(key)
 

@@ -762,11 +762,12 @@ def main(argv: list[str] | None = None) -> None:
         print("mismatch of the other settings (--variants, warm-up weights) ...", flush=True)
         res["mismatch_variants"] = {}
         for v in args.variants:
-            vcfg = load_config(args.config, [*args.overrides, *shlex.split(v)])
+            over = shlex.split(v)
+            vcfg = load_config(args.config, [*args.overrides, *over])
             m = vcfg.model
             key = (f"{m.num_layers} layers, {m.num_experts} experts, top-{m.experts_per_token}, {vcfg.task.name}, "
                    f"<= {vcfg.rollout.max_new_tokens} tokens")
-            res["mismatch_variants"][key] = {"overrides": shlex.split(v),
+            res["mismatch_variants"][key] = {"overrides": over,
                                              **mismatch(vcfg, warmup_state(vcfg), args.mismatch_groups)}
             save()
     from relax.moe.report import draw_r3
