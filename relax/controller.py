@@ -7,14 +7,10 @@ weights through the weight store. Results follow DESIGN.md section 7:
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import platform
-import shutil
-import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
@@ -37,51 +33,13 @@ from relax.roles.genrm import GenRMRole
 from relax.roles.teacher import TeacherRole
 from relax.evaluate import greedy_accuracy, sampled_reward
 from relax.fault.supervisor import Supervisor
+from relax.cluster import RaySession
+from relax.run_folder import RunFolder
 
 log = logging.getLogger(__name__)
 ROLE_CLASSES = {"rollout": RolloutRole, "reward": RewardRole, "reference": ReferenceRole,
                 "advantages": AdvantagesRole, "actor": ActorRole,
                 "critic": CriticRole, "teacher": TeacherRole, "genrm": GenRMRole}
-
-
-def make_run_dir(cfg: ExperimentConfig, out: str | Path, run: str | None = None) -> Path:
-    run = run or time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
-    path = Path(out) / cfg.name / cfg.profile / run
-    path.mkdir(parents=True, exist_ok=False)
-    return path
-
-
-@dataclass
-class RaySession:
-    """A private local Ray instance (own temp dir) that is always shut down; or, when RAY_ADDRESS is set (a
-    cluster started with `ray start --head` / `ray start --address=HEAD:6379`, e.g. RAY_ADDRESS=auto on one of
-    its nodes), that cluster, joined as a driver and left running."""
-
-    num_cpus: int
-    temp_dir: str = field(default_factory=lambda: tempfile.mkdtemp(prefix="relax-ray-", dir="/tmp"))
-    address: str | None = field(default_factory=lambda: os.environ.get("RAY_ADDRESS") or None)
-    num_gpus: int | None = None  # None: the GPUs Ray detects; N on a CPU machine: N logical GPUs (placement tests)
-
-    def __enter__(self):
-        if self.address:
-            ray.init(address=self.address, logging_level=logging.WARNING, log_to_driver=True)
-            return self
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # no token written under ~/.ray for a local run
-        for attempt in range(3):
-            try:
-                ray.init(num_cpus=self.num_cpus, num_gpus=self.num_gpus, include_dashboard=False,
-                         _temp_dir=self.temp_dir, logging_level=logging.WARNING, log_to_driver=True)
-                return self
-            except Exception as err:  # Ray gives its raylet 30 s to come up: too short on an overloaded host
-                if "timed out during startup" not in str(err) or attempt == 2:
-                    raise
-                log.warning("ray.init: the node timed out during startup (host overloaded); trying again")
-                ray.shutdown()
-        return self
-
-    def __exit__(self, *exc):
-        ray.shutdown()
-        shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
 class MemoryMeter:
@@ -166,16 +124,14 @@ class Controller:
     def write_metrics(self, t_start: float, spans: list[dict]) -> list[dict]:
         rows, prev_end = [], t_start
         names = self.role_names()
-        with open(self.run_dir / "metrics.jsonl", "w") as f:
-            for k in sorted(self.records):
-                rec = dict(self.records[k])
-                end = rec.pop("end_time")
-                row = {"step": k, "wall_time_s": round(end - t_start, 4), "step_time_s": round(end - prev_end, 4),
-                       **{key: v for key, v in rec.items() if key != "step"},
-                       "busy_s": busy_seconds(spans, prev_end, end, names), **self.colocate_extra.get(k, {})}
-                prev_end = end
-                rows.append(row)
-                f.write(json.dumps(row) + "\n")
+        for k in sorted(self.records):
+            rec = dict(self.records[k])
+            end = rec.pop("end_time")
+            rows.append({"step": k, "wall_time_s": round(end - t_start, 4), "step_time_s": round(end - prev_end, 4),
+                         **{key: v for key, v in rec.items() if key != "step"},
+                         "busy_s": busy_seconds(spans, prev_end, end, names), **self.colocate_extra.get(k, {})})
+            prev_end = end
+        RunFolder(self.run_dir).write_metrics(rows)
         return rows
 
     def write_summary(self, rows: list[dict], t_start: float, spans: list[dict], account: list[int],
@@ -220,13 +176,13 @@ class Controller:
         if self.colocate_extra:
             summary["sleep_wake_s_mean"] = round(
                 sum(v["sleep_wake_s"] for v in self.colocate_extra.values()) / len(self.colocate_extra), 4)
-        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        RunFolder(self.run_dir).write_summary(summary)
         return summary
 
     # --- entry point -------------------------------------------------------------------------------------
     def run(self) -> dict:
         cfg = self.cfg
-        (self.run_dir / "config.yaml").write_text(dump_config(cfg))
+        RunFolder(self.run_dir).write_config(dump_config(cfg))
         state = warmup_state(cfg, progress=self.progress)
         with RaySession(num_cpus=max(8, os.cpu_count() or 2)):
             try:
@@ -249,7 +205,7 @@ class Controller:
                     self.supervisor.shutdown()  # writes recovery.json, stops the API and every role
                 if hasattr(self, "bus"):
                     self.bus.close()
-        (self.run_dir / "trace.json").write_text(json.dumps(chrome_trace(spans, t_start)))
+        RunFolder(self.run_dir).write_trace(chrome_trace(spans, t_start))
         rows = self.write_metrics(t_start, spans)
         # Greedy accuracy on held-out prompts, before and after RL (the warm-up start vs the trained policy).
         evals = {"eval_accuracy_start": greedy_accuracy(cfg, state), "eval_accuracy_end": greedy_accuracy(cfg, final_state),
@@ -263,5 +219,5 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path = "results", run: str 
     from relax.engines.remote import check_engine_available
 
     check_engine_available(cfg)  # rollout.engine 'sglang' without sglang installed: fail before anything runs
-    run_dir = make_run_dir(cfg, out, run)
+    run_dir = RunFolder.create(out, cfg.name, cfg.profile, run).path
     return run_dir, Controller(cfg, run_dir, progress, api_port).run()

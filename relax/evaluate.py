@@ -52,11 +52,11 @@ def evaluate_run(run_dir, sampled: bool = False, eval_size: int | None = None) -
     from safetensors.torch import load_file
 
     from relax.config import load_config
-    from relax.export import FINAL_WEIGHTS
+    from relax.run_folder import CONFIG, FINAL_WEIGHTS
     from relax.models.warmup import warmup_state
 
     run_dir = Path(run_dir)
-    cfg = load_config(run_dir / "config.yaml", [f"task.eval_size={eval_size}"] if eval_size else [])
+    cfg = load_config(run_dir / CONFIG, [f"task.eval_size={eval_size}"] if eval_size else [])
     start, final = warmup_state(cfg, progress=False), load_file(str(run_dir / FINAL_WEIGHTS))
     out = {"eval_size": cfg.task.eval_size, "eval_accuracy_start": greedy_accuracy(cfg, start),
            "eval_accuracy_end": greedy_accuracy(cfg, final)}

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-FINAL_WEIGHTS = "final_weights.safetensors"
+from relax.run_folder import CONFIG, FINAL_WEIGHTS
 
 
 class ExportError(RuntimeError):
@@ -100,9 +100,9 @@ def export_run(run_dir: str | Path, to: str | Path, *, seed: int | None = None, 
     from relax.models import build_model
 
     run_dir, to = Path(run_dir), Path(to)
-    cfg_path, weights = run_dir / "config.yaml", run_dir / FINAL_WEIGHTS
+    cfg_path, weights = run_dir / CONFIG, run_dir / FINAL_WEIGHTS
     if not cfg_path.is_file():
-        raise ExportError(f"{run_dir}: no config.yaml (is this a run folder?)")
+        raise ExportError(f"{run_dir}: no {CONFIG} (is this a run folder?)")
     if not weights.is_file():
         raise ExportError(f"{run_dir}: no {FINAL_WEIGHTS}; runs save it when they finish (older runs did not)")
     cfg = validate(yaml.safe_load(cfg_path.read_text()))

@@ -20,7 +20,7 @@ def _relax_cache(tmp_path_factory):
 @pytest.fixture
 def local_ray():
     """A private local Ray instance for one test (its own temp dir), always shut down."""
-    from relax.controller import RaySession
+    from relax.cluster import RaySession
 
     with RaySession(num_cpus=4) as session:
         yield session

@@ -59,7 +59,7 @@ def assert_whole_groups(batch: Batch) -> None:
 
 @pytest.fixture(scope="module")
 def bus():
-    from relax.controller import RaySession
+    from relax.cluster import RaySession
 
     with RaySession(num_cpus=8):
         b = Bus.start(BusConfig(capacity_rows=CAPACITY), group_size=G, max_staleness=1)

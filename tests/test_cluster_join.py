@@ -21,7 +21,7 @@ ray.shutdown()
 
 DRIVER = r"""
 import json, ray
-from relax.controller import RaySession
+from relax.cluster import RaySession
 with RaySession(num_cpus=1) as s:
     print(json.dumps({"cpus": ray.cluster_resources().get("CPU"), "address": ray.get_runtime_context().gcs_address,
                       "joined": s.address}))

@@ -72,7 +72,7 @@ class Member:
 
 @pytest.fixture(scope="module", params=["gloo"])
 def ray_session():
-    from relax.controller import RaySession
+    from relax.cluster import RaySession
 
     with RaySession(num_cpus=4):
         yield

@@ -116,7 +116,7 @@ def test_megatron_trainer_step_and_weight_update_path(kind, tmp_path):
 @needs_sglang
 def test_sglang_engine_generates_and_updates_weights_on_gpu(tmp_path):
     """A real sglang.launch_server on the tiny exported model, driven by our client."""
-    from relax.engines.http_server import free_port
+    from relax.engines.process import free_port
     from relax.engines.sglang import EngineClient
     from relax.export import export_run, save_final_weights
     from relax.config import dump_config

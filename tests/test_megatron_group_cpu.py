@@ -118,7 +118,7 @@ def test_pp2_dp2_group_matches_the_torch_trainer():
     import ray
 
     from relax.config import load_config
-    from relax.controller import RaySession
+    from relax.cluster import RaySession
     from relax.trainers.megatron.probe import compare_with_torch
 
     cfg = load_config(ROOT / "experiments/async/cpu.yaml", [
@@ -141,7 +141,7 @@ def test_a_dead_rank_ends_the_roles_process():
     import ray
 
     from relax.config import load_config
-    from relax.controller import RaySession
+    from relax.cluster import RaySession
     from relax.trainers.megatron.probe import step_after_a_rank_dies
 
     cfg = load_config(ROOT / "experiments/async/cpu.yaml", [

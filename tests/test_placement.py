@@ -12,7 +12,7 @@ import ray
 
 from relax import placement
 from relax.config import load_config
-from relax.controller import RaySession
+from relax.cluster import RaySession
 from relax.plan import resolve_plan
 
 ROOT = Path(__file__).resolve().parents[1]

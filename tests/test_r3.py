@@ -284,7 +284,7 @@ def test_routing_fields_survive_the_bus_round_trip(bf16_rollout):
     """One real bus (Ray + TransferQueue) round trip: uint8 [T, layers, k] per row, unchanged."""
     from relax.bus import Bus
     from relax.config import BusConfig
-    from relax.controller import RaySession  # its own temp dir; retries a raylet start that timed out
+    from relax.cluster import RaySession  # its own temp dir; retries a raylet start that timed out
 
     rows, _ = bf16_rollout
     G, n = 4, 16

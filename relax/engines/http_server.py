@@ -28,9 +28,6 @@ from __future__ import annotations
 import argparse
 import base64
 import json
-import os
-import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -44,6 +41,7 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from relax.engines.process import free_port, terminate
 from relax.engines.torch_engine import TorchEngine
 
 
@@ -501,25 +499,6 @@ def create_app(server: EngineServer):
 
 
 # --- process management ----------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def terminate(proc: subprocess.Popen, timeout: float = 10.0, group: bool = False) -> int | None:
-    """SIGTERM `proc` (its whole process group with `group`), SIGKILL after `timeout`; returns its exit code."""
-    kill = os.killpg if group else os.kill
-    if proc.poll() is None:
-        kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            kill(proc.pid, signal.SIGKILL)
-            proc.wait()
-    return proc.returncode
-
-
 @dataclass
 class ServerProcess:
     proc: subprocess.Popen

@@ -33,7 +33,7 @@ import time
 
 import numpy as np
 
-from relax.engines.http_server import terminate
+from relax.engines.process import terminate
 from relax.engines.sglang import EngineClient, EngineError, WeightSync, sglang_server_args
 from relax.engines.torch_engine import Generation
 
@@ -250,7 +250,7 @@ def _num_experts(cfg) -> int:
 def make_remote_engine(cfg, replica: int, *, threads: int = 1, log_dir: str | None = None,
                        health_timeout: float = 600.0) -> RemoteEngine:
     """The engine of Rollout replica `replica`: connect to rollout.engine_urls[replica], or launch its server."""
-    from relax.engines.http_server import free_port
+    from relax.engines.process import free_port
 
     r = cfg.rollout
     sglang = r.engine == "sglang"

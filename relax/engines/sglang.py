@@ -110,7 +110,7 @@ def _sglang_process_cls():
             return self.proc.poll() is None
 
         def stop(self, timeout: float = 30.0) -> int | None:
-            from relax.engines.http_server import terminate
+            from relax.engines.process import terminate
 
             return terminate(self.proc, timeout, group=True)
 
@@ -361,7 +361,8 @@ class WeightSync:
     def connect(self) -> None:
         if self.transport != "distributed" or self.pg is not None:
             return
-        from relax.engines.http_server import free_port, new_process_group
+        from relax.engines.http_server import new_process_group
+        from relax.engines.process import free_port
 
         port = self.master_port or free_port()
         sizes = [c.tp_size() for c in self.clients]

@@ -24,7 +24,6 @@ folder records every fault and recovery (times to detect and to be ready, DCS vs
 
 from __future__ import annotations
 
-import json
 import logging
 import signal
 import time
@@ -38,6 +37,7 @@ from relax.config import runs_megatron
 from relax.fault.inject import FaultInjector
 from relax.fault.redelivery import live_partitions, redeliver
 from relax.placement import Placement
+from relax.run_folder import CHECKPOINTS, RunFolder
 from relax.weights.dcs import DCS
 
 log = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ class Supervisor:
         self.restarts: Counter = Counter()
         self.global_restarts = 0
         self.generation: Counter = Counter()
-        self.ckpt_dir = Path(controller.run_dir) / "checkpoints"
+        self.ckpt_dir = Path(controller.run_dir) / CHECKPOINTS
         self.futs: dict = {}
         self.restarting: dict = {}  # ready() ref of a replacement -> (role key, handle, event)
         self.pids: dict[str, int] = {}
@@ -434,7 +434,7 @@ class Supervisor:
                        **topo.get("stats", {})}}
         if self.api is not None:
             out["scale_operations"] = [op.view() for op in self.scaler.ops.values()]
-        (Path(self.c.run_dir) / "recovery.json").write_text(json.dumps(out, indent=2, default=str))
+        RunFolder(self.c.run_dir).write_recovery(out)
         return out
 
     def shutdown(self) -> None:

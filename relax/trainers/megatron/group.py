@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 
 import ray
 import torch
 
+from relax.engines.process import free_port
 from relax.trainers.megatron.trainer import build_rank_trainer
 
 log = logging.getLogger(__name__)
@@ -39,12 +39,6 @@ log = logging.getLogger(__name__)
 TRAIN_KEYS = ("prompt_ids", "response_ids", "old_log_probs", "advantages", "rollout_log_probs", "ref_log_probs")
 # A collective waiting this long on a rank means that rank is gone (its process died or hangs).
 COLLECTIVE_TIMEOUT_S = 600.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 def _rank_env(rank: int, world: int, addr: str, port: int) -> None:
@@ -126,7 +120,7 @@ class MegatronGroup:
         res = getattr(cfg.resources, role)
         state = hf_state_from_model(model)
         self.workers = []
-        addr, port = "127.0.0.1", free_port()  # a group of one (the GPU check runs it) needs no Ray
+        addr, port = "127.0.0.1", free_port("")  # a group of one (the GPU check runs it) needs no Ray
         if world > 1:
             addr, state_ref = ray.util.get_node_ip_address(), ray.put(state)
             pg = ray.util.get_current_placement_group() if res.gpus > 0 else None

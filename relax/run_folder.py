@@ -1,0 +1,216 @@
+"""The run folder, `results/<experiment>/<profile>/<run>/` (DESIGN.md section 7): the one module that knows
+its file names and formats. The controller writes through it; analysis, studies and baselines read through it.
+
+| file | written by | content |
+|---|---|---|
+| config.yaml | controller | the resolved config |
+| metrics.jsonl | controller, baseline parsers | one JSON object per training step |
+| summary.json | controller | throughput, rewards, accounting, environment |
+| recovery.json | supervisor | faults, recoveries, DCS totals, scale operations |
+| trace.json | controller | Chrome trace: one lane per role, a span per unit of work |
+| host_load.json | whoever timed the run | the machine's load average before and after it |
+| final_weights.safetensors | controller | the trained policy (`relax export`) |
+| checkpoints/ | Actor | optimizer state (+ weights) every `health.checkpoint_every` steps |
+
+Stdlib + PyYAML only, so the harness reads runs without importing torch or Ray.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+CONFIG = "config.yaml"
+METRICS = "metrics.jsonl"
+SUMMARY = "summary.json"
+RECOVERY = "recovery.json"
+TRACE = "trace.json"
+HOST_LOAD = "host_load.json"
+FINAL_WEIGHTS = "final_weights.safetensors"
+CHECKPOINTS = "checkpoints"
+# Folders under a results root that hold no runs of their own.
+NOT_EXPERIMENTS = frozenset({"published", "figures", "tables", "reference", "baselines"})
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    # A reader polling a live run (relax report, tests) never sees half a file.
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    """One run's folder. Writers replace whole files; readers return plain Python data."""
+
+    path: Path
+
+    def __post_init__(self):
+        object.__setattr__(self, "path", Path(self.path))
+
+    @classmethod
+    def create(cls, out: str | Path, experiment: str, profile: str, run: str | None = None) -> RunFolder:
+        """A new, empty folder `<out>/<experiment>/<profile>/<run>` (run: a timestamp and the PID); an existing
+        one is an error, so two runs never write into one folder."""
+        run = run or time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
+        path = Path(out) / experiment / profile / run
+        path.mkdir(parents=True, exist_ok=False)
+        return cls(path)
+
+    def __truediv__(self, name: str) -> Path:
+        return self.path / name
+
+    @property
+    def experiment(self) -> str:
+        return self.path.parent.parent.name
+
+    @property
+    def profile(self) -> str:
+        return self.path.parent.name
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def complete(self) -> bool:
+        """A finished run: the controller writes summary.json last."""
+        return (self.path / SUMMARY).exists()
+
+    # --- writers ----------------------------------------------------------------------------------------
+    def write_config(self, text: str) -> None:
+        _write_atomic(self.path / CONFIG, text)
+
+    def write_metrics(self, rows: list[dict]) -> None:
+        _write_atomic(self.path / METRICS, "".join(json.dumps(r) + "\n" for r in rows))
+
+    def write_summary(self, summary: dict) -> None:
+        _write_atomic(self.path / SUMMARY, json.dumps(summary, indent=2))
+
+    def write_recovery(self, recovery: dict) -> None:
+        _write_atomic(self.path / RECOVERY, json.dumps(recovery, indent=2, default=str))
+
+    def write_trace(self, trace: dict) -> None:
+        _write_atomic(self.path / TRACE, json.dumps(trace))
+
+    def write_host_load(self, record: dict) -> None:
+        _write_atomic(self.path / HOST_LOAD, json.dumps(record))
+
+    # --- readers ----------------------------------------------------------------------------------------
+    def config(self) -> dict:
+        """The resolved config as a dict ({} when absent)."""
+        path = self.path / CONFIG
+        return yaml.safe_load(path.read_text()) or {} if path.exists() else {}
+
+    def metrics(self) -> list[dict]:
+        path = self.path / METRICS
+        if not path.exists():
+            raise FileNotFoundError(f"{self.path}: no {METRICS} (is this a run folder?)")
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def summary(self) -> dict:
+        path = self.path / SUMMARY
+        if not path.exists():
+            raise FileNotFoundError(f"{self.path}: no {SUMMARY} (not a finished run)")
+        return json.loads(path.read_text())
+
+    def recovery(self) -> dict | None:
+        path = self.path / RECOVERY
+        return json.loads(path.read_text()) if path.exists() else None
+
+    def host_load(self) -> dict | None:
+        path = self.path / HOST_LOAD
+        return json.loads(path.read_text()) if path.exists() else None
+
+    def trace_events(self) -> list[dict]:
+        """trace.json's Chrome trace events ([] when absent)."""
+        path = self.path / TRACE
+        return json.loads(path.read_text())["traceEvents"] if path.exists() else []
+
+    def spans(self) -> list[dict]:
+        """Complete spans of trace.json: role (its lane's name), name, step, start, end (seconds since the run's
+        first step started), args."""
+        events = self.trace_events()
+        lanes = {e["tid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "thread_name"}
+        return [{"role": lanes.get(e["tid"], str(e["tid"])), "name": e["name"], "step": e.get("args", {}).get("step"),
+                 "start": e["ts"] / 1e6, "end": (e["ts"] + e["dur"]) / 1e6, "args": e.get("args", {})}
+                for e in events if e.get("ph") == "X"]
+
+
+# --- finding runs ---------------------------------------------------------------------------------------
+def run_dirs(root: str | Path, skip: frozenset[str] = NOT_EXPERIMENTS) -> list[Path]:
+    """Every finished run at `<root>/<experiment>/<profile>/<run>/`, sorted, leaving out `skip` folders."""
+    root = Path(root)
+    return sorted(p.parent for p in root.glob(f"*/*/*/{SUMMARY}") if p.parts[len(root.parts)] not in skip)
+
+
+def find_runs(paths: list[str | Path]) -> list[Path]:
+    """Run folders named directly, or every finished run folder below the folders named."""
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if (p / SUMMARY).exists():
+            out.append(p)
+        elif p.is_dir():
+            found = sorted(q.parent for q in p.rglob(SUMMARY))
+            if not found:
+                raise FileNotFoundError(f"{p}: no run folder (with {SUMMARY}) inside")
+            out += found
+        else:
+            raise FileNotFoundError(f"{p}: not a run folder (no {SUMMARY})")
+    return list(dict.fromkeys(out))
+
+
+def latest_runs(root: str | Path, only: list[Path] | None = None) -> dict[tuple[str, str], Path]:
+    """The newest finished run of each (experiment, profile) under root (among `only` when given)."""
+    runs = run_dirs(root)
+    if only is not None:
+        keep = {Path(o).resolve() for o in only}
+        runs = [r for r in runs if r.resolve() in keep]
+    out: dict[tuple[str, str], Path] = {}
+    for d in runs:
+        key = (d.parent.parent.name, d.parent.name)
+        if key not in out or d.name > out[key].name:
+            out[key] = d
+    return out
+
+
+# --- provenance -----------------------------------------------------------------------------------------
+@dataclass
+class HostLoad:
+    """The machine's load around a timed piece of work, so a number measured while other work shared the cores
+    shows it. `with HostLoad() as h: ...` then `h.record`: loadavg_before/after (1, 5, 15 min), cpus, wall_s."""
+
+    record: dict = field(default_factory=dict)
+
+    def __enter__(self) -> HostLoad:
+        self._t0 = time.time()
+        self.record = {"loadavg_before": [round(x, 2) for x in os.getloadavg()], "cpus": os.cpu_count()}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.record.update(loadavg_after=[round(x, 2) for x in os.getloadavg()],
+                           wall_s=round(time.time() - self._t0, 1))
+
+
+def format_host_load(record: dict | None) -> str | None:
+    """'1.2 -> 3.4 on 2 cpus' (1-minute averages, before -> after), or None without a record."""
+    if not record:
+        return None
+    return f"{record['loadavg_before'][0]:.1f} -> {record['loadavg_after'][0]:.1f} on {record['cpus']} cpus"
+
+
+def git_commit(root: str | Path | None = None) -> str:
+    """The short commit of the repository at root (this checkout by default), '?' outside a git checkout."""
+    root = Path(root) if root else Path(__file__).resolve().parents[1]
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                             timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return "?"
+    return out.stdout.strip() or "?"
