@@ -67,7 +67,7 @@ class Role:
         return list(cls.outputs)
 
     @classmethod
-    def train_reads(cls, cfg: ExperimentConfig) -> list[str] | None:
+    def train_reads(cls, cfg: ExperimentConfig) -> list[str]:
         """The fields its `train_partition(k)` phase reads (a role with that phase declares them)."""
         return []
 
