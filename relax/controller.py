@@ -22,24 +22,14 @@ from relax.bus import Bus
 from relax.config import ExperimentConfig, dump_config
 from relax.metrics.telemetry import Telemetry, busy_seconds, chrome_trace
 from relax.models.warmup import warmup_state
-from relax.roles.actor import ActorRole
-from relax.roles.advantages import AdvantagesRole
-from relax.roles.reference import ReferenceRole
-from relax.roles.reward import RewardRole
-from relax.roles.rollout import RolloutRole
-from relax.schedules import get_schedule, is_emulated
-from relax.roles.critic import CriticRole
-from relax.roles.genrm import GenRMRole
-from relax.roles.teacher import TeacherRole
+from relax.schedules import get_schedule, is_emulated, role_names
+from relax.schedules.context import RunContext
 from relax.evaluate import greedy_accuracy, sampled_reward
 from relax.fault.supervisor import Supervisor
 from relax.cluster import RaySession
 from relax.run_folder import RunFolder
 
 log = logging.getLogger(__name__)
-ROLE_CLASSES = {"rollout": RolloutRole, "reward": RewardRole, "reference": ReferenceRole,
-                "advantages": AdvantagesRole, "actor": ActorRole,
-                "critic": CriticRole, "teacher": TeacherRole, "genrm": GenRMRole}
 
 
 class MemoryMeter:
@@ -73,44 +63,18 @@ class Controller:
 
     # --- set-up ------------------------------------------------------------------------------------------
     def role_names(self) -> list[str]:
-        names = ["rollout", "reward", "advantages", "actor"]
-        if self.cfg.algorithm.kl_coef > 0:
-            names.insert(2, "reference")
-        # Optional services, before Advantages (which reads their fields); genrm replaces the rule-based reward.
-        alg = self.cfg.algorithm
-        extra = ["teacher"] * (alg.policy_loss == "opd") + ["critic"] * (alg.advantage == "gae")
-        names[-2:-2] = extra
-        if self.cfg.task.reward == "genrm":
-            names[names.index("reward")] = "genrm"
-        return get_schedule(self.cfg).role_names(self.cfg, names)  # an emulated schedule may start fewer
+        return role_names(self.cfg)  # relax/roles/registry.py, less what the schedule does without
 
     def start_roles(self, initial_state) -> None:
         cfg = self.cfg
         self.bus = Bus.start(cfg.bus, cfg.rollout.group_size, cfg.max_staleness)
         self.telemetry = Telemetry.remote()
+        # What the supervisor and the schedule see of this run (the dicts are the controller's own).
+        self.ctx = RunContext(cfg, self.run_dir, self.bus, self.telemetry, self.role_names(), self.roles,
+                              self.records, self.poll, self.colocate_extra)
         # DCS (weights, version 0 = initial_state), the roles and rollout replicas, faults, recovery, API.
-        self.supervisor = Supervisor(self, self.api_port)
+        self.supervisor = Supervisor(self.ctx, self.api_port)
         self.supervisor.start(initial_state)
-
-    # --- schedules ---------------------------------------------------------------------------------------
-    def run_async(self, bar) -> None:
-        # Every role loops on its own; the supervisor waits on them (a role's error is re-raised, naming it),
-        # injects the configured faults and restarts what dies (relax/fault/supervisor.py).
-        self.supervisor.run(bar)
-
-    def run_colocate(self, bar) -> None:
-        rollout = self.roles["rollout"]
-        for k in range(self.cfg.steps):
-            wake_s = ray.get(rollout.wake.remote(k)) if k > 0 else 0.0
-            ray.get(rollout.generate_partition.remote(k))
-            sleep = ray.get(rollout.sleep.remote())
-            for name in self.role_names()[1:-1]:  # reward, reference, critic values, advantages: one after another
-                ray.get(self.roles[name].process_partition.remote(k))
-            if "critic" in self.roles:  # its value-loss step needs the returns Advantages just wrote
-                ray.get(self.roles["critic"].train_partition.remote(k))
-            ray.get(self.roles["actor"].train_partition.remote(k))
-            self.colocate_extra[k] = {"sleep_wake_s": wake_s + sleep["sleep_s"], "freed_bytes": sleep["freed_bytes"]}
-            self.poll(bar)
 
     # --- metrics -----------------------------------------------------------------------------------------
     def poll(self, bar) -> None:
@@ -193,7 +157,7 @@ class Controller:
                     label = cfg.mode if cfg.schedule == "relax" else f"{cfg.schedule} schedule, EMULATED"
                     self.task_id = bar.add_task(f"{cfg.name} [{label}]", total=cfg.steps, reward=0.0)
                     t_start = time.time()
-                    get_schedule(cfg).run(self, bar)  # relax: run_async / run_colocate; else an emulation
+                    get_schedule(cfg).run(self.ctx, self.supervisor, bar)  # relax/schedules/
                     self.poll(bar)
                 spans = ray.get(self.telemetry.all_spans.remote())
                 final_state = self.supervisor.final_state()[1]

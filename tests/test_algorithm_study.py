@@ -12,7 +12,7 @@ from analysis.algorithms import ALGORITHMS, END_STEPS, START_STEPS, draw_algorit
 from analysis.reproduce import STUDIES
 from relax.algorithms import check_config
 from relax.config import load_config
-from relax.controller import Controller
+from relax.schedules import role_names
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_every_algorithm_config_is_valid(name, tmp_path):
     cfg = load_config(ROOT / "experiments/async/cpu.yaml", [f"profile=cpu-{name}", *ALGORITHMS[name][1]])
     check_config(cfg.algorithm)
-    names = Controller(cfg, tmp_path).role_names()
+    names = role_names(cfg)
     assert ("critic" in names) == (name == "ppo_critic") and ("teacher" in names) == (name == "opd")
 
 

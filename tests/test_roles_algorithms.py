@@ -10,7 +10,7 @@ import torch
 from relax.algorithms import AdvantageInput, check_config, filter_groups, get_advantage
 from relax.algorithms.groups import sample_informative_groups
 from relax.config import ModelConfig, load_config
-from relax.controller import Controller
+from relax.schedules import role_names
 from relax.models import build_model
 from relax.roles.actor import dynamic_sampling_metrics
 from relax.roles.critic import Critic, clipped_value_loss
@@ -161,7 +161,7 @@ def test_dynamic_sampling_metrics():
     (["task.reward=genrm"], {"genrm"}, {"reward"}),
 ])
 def test_role_names(tmp_path, overrides, extra, absent):
-    names = Controller(_cfg(*overrides), tmp_path).role_names()
+    names = role_names(_cfg(*overrides))
     assert extra <= set(names) and not absent & set(names)
     assert names[0] == "rollout" and names[-2:] == ["advantages", "actor"]  # optional services precede Advantages
 

@@ -143,7 +143,7 @@ class RayRolloutPool:
         except (KeyError, IndexError, ValueError):
             raise KeyError(f"no rollout replica '{rid}'") from None
 
-    # -- set-up by the controller
+    # -- set-up by the supervisor (at the start of a run)
     def add_initial(self, n: int) -> list[Replica]:
         made = [self._create(initial=True) for _ in range(n)]
         for r in made:

@@ -37,32 +37,29 @@ from relax.config import runs_megatron
 from relax.fault.inject import FaultInjector
 from relax.fault.redelivery import live_partitions, redeliver
 from relax.placement import Placement
+from relax.roles.registry import ROLES, task_of
 from relax.run_folder import CHECKPOINTS, RunFolder
+from relax.schedules.context import RunContext
 from relax.weights.dcs import DCS
 
 log = logging.getLogger(__name__)
 
-def task_of(name: str) -> str | None:
-    """The bus task a role consumes rows under (the Actor's loader uses `actor_train`)."""
-    from relax.controller import ROLE_CLASSES
-
-    if name == "actor":
-        return "actor_train"
-    cls = ROLE_CLASSES[name]
-    return getattr(getattr(cls, "__ray_actor_class__", cls), "task", None) or None
-
 
 class Supervisor:
-    def __init__(self, controller, api_port: int | None = None):
-        self.c = controller
-        self.cfg = controller.cfg
+    """Starts, watches and restarts the roles of one run. It sees the run only through `ctx`
+    (relax.schedules.context.RunContext): the config, run folder, bus, telemetry, role names and live
+    handles, the step records and the poll hook."""
+
+    def __init__(self, ctx: RunContext, api_port: int | None = None):
+        self.ctx = ctx
+        self.cfg = ctx.cfg
         self.api_port = api_port
         self.api = None
         self.events: list[dict] = []
         self.restarts: Counter = Counter()
         self.global_restarts = 0
         self.generation: Counter = Counter()
-        self.ckpt_dir = Path(controller.run_dir) / CHECKPOINTS
+        self.ckpt_dir = Path(ctx.run_dir) / CHECKPOINTS
         self.futs: dict = {}
         self.restarting: dict = {}  # ready() ref of a replacement -> (role key, handle, event)
         self.pids: dict[str, int] = {}
@@ -75,7 +72,7 @@ class Supervisor:
 
     # ---- set-up ---------------------------------------------------------------------------------------------
     def start(self, initial_state: dict) -> None:
-        cfg, c = self.cfg, self.c
+        cfg, ctx = self.cfg, self.ctx
         d = cfg.dcs
         self.dcs = DCS.start(d.transport, d.bucket_mb, d.timeout_s, cfg.health.heartbeat_s, d.device, d.reuse_groups)
         # The driver pins version 0 (the reference policy) and follows every newer version.
@@ -84,17 +81,17 @@ class Supervisor:
         shared = cfg.mode == "async" and cfg.schedule == "relax"
         self.queue = GroupQueue.remote(cfg.steps, cfg.rollout.prompts_per_step, cfg.rollout.chunk_groups) if shared else None
         self.pool = RayRolloutPool(lambda i: self._create("rollout", i), self._start_replica, self.queue, self.dcs)
-        for name in c.role_names():
+        for name in ctx.role_names:
             if name != "rollout":
-                c.roles[name] = self._create(name)
+                ctx.roles[name] = self._create(name)
         replicas = self.pool.add_initial(cfg.rollout.replicas)
-        c.roles["rollout"] = replicas[0].handle
+        ctx.roles["rollout"] = replicas[0].handle
         spares = [self.pool.add_spare() for _ in range(cfg.health.spare_rollout if self.queue is not None else 0)]
-        ray.get([r.ready.remote() for r in [*c.roles.values(), *(s.handle for s in spares)]])
+        ray.get([r.ready.remote() for r in [*ctx.roles.values(), *(s.handle for s in spares)]])
         for s in spares:
             s.pid, s.status = ray.get(s.handle.pid.remote()), "SPARE"
-        self.pids = {n: ray.get(h.pid.remote()) for n, h in c.roles.items() if n != "rollout"}
-        self.backends = {n: ray.get(h.backend.remote()) for n, h in c.roles.items()}  # summary.json
+        self.pids = {n: ray.get(h.pid.remote()) for n, h in ctx.roles.items() if n != "rollout"}
+        self.backends = {n: ray.get(h.backend.remote()) for n, h in ctx.roles.items()}  # summary.json
         if self.api_port is not None:
             self._start_api()
 
@@ -103,14 +100,12 @@ class Supervisor:
         from relax.api.server import start_api
 
         self.scaler = ScaleManager(self.pool)
-        self.api = start_api(self.c.run_dir, self.scaler, self.api_port, metrics=self.metrics,
-                             health=lambda: {"steps_done": len(self.c.records), "steps": self.cfg.steps})
-        log.warning("control API on %s (token in %s)", self.api.url, Path(self.c.run_dir) / "api_token")
+        self.api = start_api(self.ctx.run_dir, self.scaler, self.api_port, metrics=self.metrics,
+                             health=lambda: {"steps_done": len(self.ctx.records), "steps": self.cfg.steps})
+        log.warning("control API on %s (token in %s)", self.api.url, Path(self.ctx.run_dir) / "api_token")
 
     def _create(self, name: str, index: int | None = None, resume: bool = False):
-        from relax.controller import ROLE_CLASSES
-
-        cfg, c = self.cfg, self.c
+        cfg, ctx = self.cfg, self.ctx
         key = name if index is None else f"{name}-{index}"
         self.generation[key] += 1
         gen = self.generation[key]
@@ -131,12 +126,12 @@ class Supervisor:
             # The replica launches its SGLang server as a child process: it holds engine `index`'s bundle (its TP's
             # GPUs; Ray sets CUDA_VISIBLE_DEVICES, which the server inherits).
             opts.update(self.placement.options(name, index or 0))
-        return ROLE_CLASSES[name].options(**opts).remote(cfg, c.bus, c.telemetry, self.dcs, res.threads, **kwargs)
+        return ROLES[name].options(**opts).remote(cfg, ctx.bus, ctx.telemetry, self.dcs, res.threads, **kwargs)
 
     def _start_replica(self, handle, index: int, start: int | None = None, recover: bool = False):
         """A replica's run loop, from the oldest partition not yet trained (a replica added mid-run too)."""
         if start is None:
-            start = self.c.bus.oldest_unconsumed()
+            start = self.ctx.bus.oldest_unconsumed()
         return handle.run.remote(self.cfg.steps, start=start, recover=recover)
 
     def _pid_for(self, spec) -> int | None:
@@ -150,9 +145,9 @@ class Supervisor:
         return {**self.futs, **{f: ("rollout", i) for f, i in self.pool.futures().items()}}
 
     def run(self, bar) -> None:
-        cfg, c = self.cfg, self.c
+        cfg, ctx = self.cfg, self.ctx
         self.t_start = time.time()
-        self.futs = {c.roles[n].run.remote(cfg.steps): n for n in c.role_names() if n != "rollout"}
+        self.futs = {ctx.roles[n].run.remote(cfg.steps): n for n in ctx.role_names if n != "rollout"}
         self.pool.activate_all()
         last_health = last_poll = time.time()
         actor_done = False
@@ -172,12 +167,12 @@ class Supervisor:
                     failed.append(key)
             if failed:
                 self._recover(failed)
-            self.injector.tick(len(c.records))
+            self.injector.tick(len(ctx.records))
             if time.time() - last_health > 0.5:
                 self._check_heartbeats()
                 last_health = time.time()
             if time.time() - last_poll > 0.3:  # step records (fault triggers), progress bar, memory
-                c.poll(bar)
+                ctx.poll(bar)
                 last_poll = time.time()
         self.injector.stop()
         # Every partition is trained: the other loops end on their own.
@@ -246,7 +241,7 @@ class Supervisor:
             ev = ev or self._event(key, 1)
             self.restarts[key] += 1
             self._forget(self.pids.pop(key, None))
-            ray.kill(self.c.roles[key])
+            ray.kill(self.ctx.roles[key])
             handle = self._create(key)
         self.restarting[handle.ready.remote()] = (key, handle, ev)
 
@@ -255,14 +250,14 @@ class Supervisor:
         spare = self.pool.spare()
         ev["replaced_by_spare"] = self.pool.rid(spare.index)
         self._ready(ev, spare.handle)
-        start = self.c.bus.oldest_unconsumed()
+        start = self.ctx.bus.oldest_unconsumed()
         ev["resume_step"] = start
         with self.pool.lock:
             dead.status = "REMOVED"
             spare.initial, spare.status = dead.initial, "ACTIVE"
             spare.future = self._start_replica(spare.handle, spare.index, start=start, recover=True)
-        if self.c.roles.get("rollout") is dead.handle:
-            self.c.roles["rollout"] = spare.handle
+        if self.ctx.roles.get("rollout") is dead.handle:
+            self.ctx.roles["rollout"] = spare.handle
         self._refill_spare()
 
     def _refill_spare(self) -> None:
@@ -282,7 +277,7 @@ class Supervisor:
             rep.pid, rep.status = pid, "SPARE"
             return
         self._ready(ev, handle)  # before its run(): an actor answers calls in order
-        start = self.c.bus.oldest_unconsumed()
+        start = self.ctx.bus.oldest_unconsumed()
         ev["resume_step"] = start
         if isinstance(key, tuple):
             index = key[1]
@@ -291,11 +286,11 @@ class Supervisor:
                 rep.handle, rep.pid, rep.status = handle, pid, "ACTIVE"
                 rep.future = self._start_replica(handle, index, start=start, recover=True)
             if index == 0:
-                self.c.roles["rollout"] = handle
+                self.ctx.roles["rollout"] = handle
         else:
-            self.c.roles[key], self.pids[key] = handle, pid
+            self.ctx.roles[key], self.pids[key] = handle, pid
             task = task_of(key)
-            ev["redelivered_partitions"] = redeliver(self.c.bus, task, start) if task else []
+            ev["redelivered_partitions"] = redeliver(self.ctx.bus, task, start) if task else []
             self.futs[handle.run.remote(self.cfg.steps, start=start, recover=True)] = key
 
     def _check_heartbeats(self) -> None:
@@ -322,7 +317,7 @@ class Supervisor:
         fault = self.injector.last_for(role, replica)
         ev = {"role": role, "replica": replica, "tier": tier, "reason": reason,
               "t_fault": (fault["t_fault"] - self.t_start) if fault else None, "t_detect": now - self.t_start,
-              "steps_done_at_detect": len(self.c.records)}
+              "steps_done_at_detect": len(self.ctx.records)}
         ev["detect_s"] = (now - fault["t_fault"]) if fault else None
         self.events.append(ev)
         return ev
@@ -337,7 +332,7 @@ class Supervisor:
 
     # ---- Tier 2 ---------------------------------------------------------------------------------------------
     def _global_restart(self, role: str, reason: str) -> None:
-        cfg, c = self.cfg, self.c
+        cfg, ctx = self.cfg, self.ctx
         if self.global_restarts >= cfg.max_global_restart:
             raise RuntimeError(f"{reason}; max_global_restart={cfg.max_global_restart} global restarts are used up")
         if cfg.dcs.transport != "gloo":
@@ -356,7 +351,7 @@ class Supervisor:
             if isinstance(key, tuple):
                 self.pool.replicas[key[1]].status = "ACTIVE"  # restarted below with the others
         self.restarting = {}
-        for name, h in list(c.roles.items()):
+        for name, h in list(ctx.roles.items()):
             if name != "rollout":
                 self._forget(self.pids.pop(name, None))
                 ray.kill(h)
@@ -375,20 +370,20 @@ class Supervisor:
         ev.update(latest_before=latest_before, resume_version=resume, rolled_back_versions=latest_before - resume)
         # A step the Actor finished (its version is reachable) but whose metrics row died with it before reaching
         # telemetry: the samples are trained and accounted in the ledger, only that step's row is missing.
-        _, reported = ray.get(self.c.telemetry.snapshot.remote(10**9))
-        ev["metrics_rows_lost"] = sorted(set(range(resume)) - set(self.c.records) - set(reported))
-        for k in live_partitions(c.bus):
+        _, reported = ray.get(self.ctx.telemetry.snapshot.remote(10**9))
+        ev["metrics_rows_lost"] = sorted(set(range(resume)) - set(self.ctx.records) - set(reported))
+        for k in live_partitions(ctx.bus):
             if k < resume:
-                c.bus.clear(k)
-        start = min(resume, c.bus.oldest_unconsumed())
-        for task in {task_of(n) for n in c.role_names() if n != "rollout"} - {None}:
-            redeliver(c.bus, task, start)
+                ctx.bus.clear(k)
+        start = min(resume, ctx.bus.oldest_unconsumed())
+        for task in {task_of(n) for n in ctx.role_names if n != "rollout"} - {None}:
+            redeliver(ctx.bus, task, start)
         # 3. Start everything again.
-        new = {n: self._create(n, resume=n == "actor") for n in c.role_names() if n != "rollout"}
+        new = {n: self._create(n, resume=n == "actor") for n in ctx.role_names if n != "rollout"}
         reps = {i: self._create("rollout", i) for i in active}
         ray.get([h.ready.remote() for h in [*new.values(), *reps.values()]])
         for n, h in new.items():
-            c.roles[n] = h
+            ctx.roles[n] = h
             self.pids[n] = ray.get(h.pid.remote())
         self._ready(ev, new["actor"])
         ev["resume_step"] = resume
@@ -402,7 +397,7 @@ class Supervisor:
                 rep.handle, rep.pid, rep.status = h, ray.get(h.pid.remote()), "ACTIVE"
                 rep.future = self._start_replica(h, i, start=start, recover=True)
         if 0 in reps:
-            c.roles["rollout"] = reps[0]
+            ctx.roles["rollout"] = reps[0]
 
     # ---- results ----------------------------------------------------------------------------------------------
     def final_state(self) -> tuple[int, dict]:
@@ -415,7 +410,7 @@ class Supervisor:
 
     def metrics(self) -> dict:
         topo = self.dcs.topology()
-        return {"steps_done": len(self.c.records), "weight_version": topo["latest"],
+        return {"steps_done": len(self.ctx.records), "weight_version": topo["latest"],
                 "weight_transfers": topo["stats"]["transfers"], "weight_bytes": topo["stats"]["bytes"],
                 "restarts": [({"role": r}, n) for r, n in sorted(self.restarts.items())] or 0,
                 "global_restarts": self.global_restarts}
@@ -434,7 +429,7 @@ class Supervisor:
                        **topo.get("stats", {})}}
         if self.api is not None:
             out["scale_operations"] = [op.view() for op in self.scaler.ops.values()]
-        RunFolder(self.c.run_dir).write_recovery(out)
+        RunFolder(self.ctx.run_dir).write_recovery(out)
         return out
 
     def shutdown(self) -> None:
@@ -443,7 +438,7 @@ class Supervisor:
             self.write_report()
         if self.api is not None:
             self.api.stop()
-        handles = [h for n, h in self.c.roles.items() if n != "rollout"]
+        handles = [h for n, h in self.ctx.roles.items() if n != "rollout"]
         handles += list(self.pool.handles().values()) if hasattr(self, "pool") else []
         for h in handles:
             ray.kill(h)

@@ -37,6 +37,18 @@ TRAIN_FIELDS = ["prompt_ids", "response_ids", "rollout_log_probs", "advantages",
 class ActorRole(ModelRole):
     name = "actor"
     dcs_member = {"serve": True, "follow": False, "trainer": True}
+    fields = TRAIN_FIELDS
+    phases = ("train_partition",)
+
+    @classmethod
+    def reads(cls, cfg) -> list[str]:
+        return cls.train_reads(cfg)
+
+    @classmethod
+    def train_reads(cls, cfg) -> list[str]:
+        fields = cls.fields + (["ref_log_probs"] if cfg.algorithm.kl_coef > 0 else []) + r3_fields(cfg)
+        fields += ["keep", "ds_attempts"] * cfg.algorithm.dynamic_sampling.enabled  # DAPO: marks, draws
+        return fields + input_fields(cfg)  # omni media fields / the agent loss mask
 
     def __init__(self, cfg, bus, telemetry, weights, threads, replica=None, ckpt_dir: str | None = None,
                  resume: bool = False):
@@ -49,9 +61,6 @@ class ActorRole(ModelRole):
         # the transformers mirror that DCS publishes, refreshed after every step)
         self.trainer = build_trainer(cfg, self.model, self.tokenizer.pad_token_id)
         self.telemetry = telemetry
-        self.fields = TRAIN_FIELDS + (["ref_log_probs"] if cfg.algorithm.kl_coef > 0 else []) + r3_fields(cfg)
-        self.fields += ["keep", "ds_attempts"] * cfg.algorithm.dynamic_sampling.enabled  # DAPO: marks, draws
-        self.fields += input_fields(cfg)  # omni media fields / the agent loss mask
         self.trained_ids: list[int] = []
         self.step_ids: list[int] = []  # sample ids of the step being trained: the DCS ledger entry of its version
         self.retained: list[int] = []  # trained partitions kept on the bus until their version is committed
@@ -113,10 +122,6 @@ class ActorRole(ModelRole):
 
     def recovery_info(self, ckpt_dir: str | None = None) -> dict:
         return {**super().recovery_info(ckpt_dir), **self.restored, "resumed_version": self.version}
-
-    def call(self, fn, *args, **kwargs):
-        """Run `fn(self, *args, **kwargs)` in this process: how a schedule (relax/schedules/) drives this role."""
-        return fn(self, *args, **kwargs)
 
     def train_partition(self, k: int, loader=None, publish=None, extra: dict | None = None) -> dict:
         """One optimizer step on partition k. A schedule may pass its own `loader` (micro-batches of whole

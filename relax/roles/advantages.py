@@ -18,14 +18,21 @@ class AdvantagesRole(Role):
     outputs = ["advantages"]
     whole_groups = True  # group baselines need every member of the group
 
+    # Optional inputs/outputs: critic values + returns (gae), teacher log-probs (opd), DAPO keep mask.
+    @classmethod
+    def reads(cls, cfg) -> list[str]:
+        alg = cfg.algorithm
+        return cls.fields + ["values"] * (alg.advantage == "gae") + \
+            ["rollout_log_probs", "teacher_log_probs"] * (alg.policy_loss == "opd")
+
+    @classmethod
+    def writes(cls, cfg) -> list[str]:
+        alg = cfg.algorithm
+        return cls.outputs + ["returns"] * (alg.advantage == "gae") + ["keep"] * alg.dynamic_sampling.enabled
+
     def __init__(self, cfg, bus, telemetry, weights, threads, replica=None):
         super().__init__(cfg, bus, telemetry, weights, threads, replica)
         self.estimator = get_advantage(cfg.algorithm.advantage)
-        # Optional inputs/outputs: critic values + returns (gae), teacher log-probs (opd), DAPO keep mask.
-        alg = cfg.algorithm
-        self.fields = self.fields + ["values"] * (alg.advantage == "gae") + \
-            ["rollout_log_probs", "teacher_log_probs"] * (alg.policy_loss == "opd")
-        self.outputs = self.outputs + ["returns"] * (alg.advantage == "gae") + ["keep"] * alg.dynamic_sampling.enabled
 
     def compute(self, batch):
         lengths = [len(r) for r in batch["response_ids"]]

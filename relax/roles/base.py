@@ -3,10 +3,16 @@
 A role is a Ray actor in its own process. It reads the fields it needs from the bus and writes new fields
 on the same rows; it never calls another role for data. `process_partition(k)` handles every row of
 partition k (used directly by the colocated schedule); `run(steps)` loops over partitions (async).
+
+Each role class declares, for a config, whether it runs (`enabled(cfg)`), the bus fields it reads
+(`reads(cfg)`) and those it writes (`writes(cfg)`), and the per-partition calls the colocate loop makes on it
+(`phases`); a `train_partition` phase reads `train_reads(cfg)` and writes nothing. The role set and the
+colocate order follow from these declarations (relax/roles/registry.py).
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import time
 from pathlib import Path
@@ -25,9 +31,10 @@ POLL_S = 0.005
 class Role:
     name = "role"
     task = ""  # bus consumption task name
-    fields: list[str] = []
+    fields: list[str] = []  # the fields it reads under every config (`reads(cfg)` adds the optional ones)
     outputs: list[str] = []  # the fields it writes: a restarted role skips rows that already have them
     whole_groups = False
+    phases: tuple[str, ...] = ("process_partition",)  # the colocate loop's calls on it per partition, in order
     dcs_member = {"serve": False, "follow": False, "trainer": False}  # its part in the DCS (relax.weights.dcs)
 
     def __init__(self, cfg: ExperimentConfig, bus: Bus, telemetry, weights, threads: int, replica: int | None = None):
@@ -39,8 +46,30 @@ class Role:
         self.replica = replica
         self.rec = SpanRecorder(self.name, telemetry)
         self.rows_per_step = cfg.rows_per_step
+        self.fields, self.outputs = self.reads(cfg), self.writes(cfg)
         self.weights.join(self.name, replica, **self.dcs_member)
         self.boot.mark("dcs_join")
+
+    # --- declarations (class-level: read by the registry without starting the role) ----------------------
+    @classmethod
+    def enabled(cls, cfg: ExperimentConfig) -> bool:
+        """Whether a run of `cfg` starts this role."""
+        return True
+
+    @classmethod
+    def reads(cls, cfg: ExperimentConfig) -> list[str]:
+        """The bus fields this role fetches under `cfg`."""
+        return list(cls.fields)
+
+    @classmethod
+    def writes(cls, cfg: ExperimentConfig) -> list[str]:
+        """The bus fields this role writes under `cfg`."""
+        return list(cls.outputs)
+
+    @classmethod
+    def train_reads(cls, cfg: ExperimentConfig) -> list[str]:
+        """The fields its `train_partition(k)` phase reads (a role with that phase declares them)."""
+        return []
 
     def pid(self) -> int:
         return os.getpid()
@@ -63,6 +92,12 @@ class Role:
         for k in range(start, steps):
             self.process_partition(k, recover)
         self.rec.flush()
+
+    def run_schedule(self, *args):
+        """This role's part of the emulated schedule `cfg.schedule`, run in this process: the loop is the
+        schedule module's `LOOPS[role name]` (relax/schedules/), called with this role and `args`."""
+        schedule = importlib.import_module(f"relax.schedules.{self.cfg.schedule}")
+        return schedule.LOOPS[self.name](self, *args)
 
     def process_partition(self, k: int, recover: bool = False) -> int:
         """Consume every row of partition k for this role's task; returns rows handled. `recover`: rows of k

@@ -9,8 +9,8 @@ token t. Per partition k the Critic
      V_old = the values it wrote in 1 and c = `critic.value_clip`.
 Both phases consume rows through the bus (tasks `critic_values`, `critic_train`), so each row is seen
 exactly once per phase. Async mode: `run` does 1 then 2 per partition, Advantages in between on its own
-loop. Colocate mode: the controller calls `process_partition(k)` (1) before Advantages and
-`train_partition(k)` (2) after it, before the Actor's step.
+loop. Colocate mode: the colocate loop (relax/schedules/relax.py) calls `process_partition(k)` (1) before
+Advantages and `train_partition(k)` (2) after it, before the Actor's step (the role's `phases`).
 """
 
 from __future__ import annotations
@@ -117,6 +117,16 @@ class CriticRole(Role):
     task = "critic_values"
     fields = ["prompt_ids", "response_ids"]
     outputs = ["values"]
+    TRAIN_FIELDS = ["prompt_ids", "response_ids", "values", "returns"]
+    phases = ("process_partition", "train_partition")  # values before Advantages, the value step after it
+
+    @classmethod
+    def enabled(cls, cfg) -> bool:
+        return cfg.algorithm.advantage == "gae"
+
+    @classmethod
+    def train_reads(cls, cfg) -> list[str]:
+        return list(cls.TRAIN_FIELDS)  # the value step needs the returns Advantages writes
 
     def __init__(self, cfg, bus, telemetry, weights, threads, replica=None):
         super().__init__(cfg, bus, telemetry, weights, threads, replica)
@@ -140,7 +150,7 @@ class CriticRole(Role):
 
     def train_partition(self, k: int) -> dict:
         """One optimizer step on the returns of partition k, micro-batch by micro-batch as they arrive."""
-        fields = ["prompt_ids", "response_ids", "values", "returns"]
+        fields = self.TRAIN_FIELDS
         chunks = list(self._collect(k, fields))
         cols = {f: [x for c in chunks for x in c[f]] for f in fields}
         if not cols["returns"]:

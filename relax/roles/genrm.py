@@ -35,6 +35,10 @@ class GenRMRole(Role):
     fields = ["prompt_index", "response_ids"]
     outputs = ["rewards", "reward_error"]
 
+    @classmethod
+    def enabled(cls, cfg) -> bool:
+        return cfg.task.reward == "genrm"
+
     def __init__(self, cfg, bus, telemetry, weights, threads, replica=None):
         super().__init__(cfg, bus, telemetry, weights, threads, replica)
         from relax.models import build_tokenizer

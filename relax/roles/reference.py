@@ -22,12 +22,19 @@ class ReferenceRole(ModelRole):
     fields = ["prompt_ids", "response_ids"]
     outputs = ["ref_log_probs"]
 
+    @classmethod
+    def enabled(cls, cfg) -> bool:
+        return cfg.algorithm.kl_coef > 0  # the KL term's reference
+
+    @classmethod
+    def reads(cls, cfg) -> list[str]:
+        # R3: the rollout's experts, replayed in the forward; omni media / agent loss mask.
+        return cls.fields + r3_fields(cfg) + input_fields(cfg)
+
     def __init__(self, cfg, bus, telemetry, weights, threads, replica=None):
         super().__init__(cfg, bus, telemetry, weights, threads, replica)
         self.sync_weights(exact=0)  # the reference is version 0 and never moves (a restart gets it from a peer)
         self.boot.mark("weight_fetch")
-        self.fields = self.fields + r3_fields(cfg)  # R3: the rollout's experts, replayed in the forward
-        self.fields += input_fields(cfg)  # omni media / agent loss mask
         self.forward = None
         if megatron_forward(cfg, "reference"):
             from relax.trainers.megatron.trainer import build_megatron_trainer

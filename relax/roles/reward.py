@@ -16,15 +16,22 @@ class RewardRole(Role):
     fields = ["prompt_index", "response_ids"]
     outputs = ["rewards"]
 
+    @classmethod
+    def enabled(cls, cfg) -> bool:
+        return cfg.task.reward != "genrm"  # the GenRM role writes `rewards` instead
+
+    @classmethod
+    def reads(cls, cfg) -> list[str]:
+        # Text fields only, whatever the task carries (omni rows hold media fields this role never fetches);
+        # agent episodes: the loss mask picks the model's own tokens (a tool's reply cannot answer for it).
+        return cls.fields + ["loss_mask"] * (cfg.task.kind == "agent")
+
     def __init__(self, cfg, bus, telemetry, weights, threads, replica=None):
         super().__init__(cfg, bus, telemetry, weights, threads, replica)
         from relax.models import build_tokenizer
 
         self.data = make_task(cfg.task, cfg.seed, "train")
         self.tokenizer = build_tokenizer(cfg.model)
-        # Text fields only, whatever the task carries (omni rows hold media fields this role never fetches);
-        # agent episodes: the loss mask picks the model's own tokens (a tool's reply cannot answer for it).
-        self.fields = self.fields + ["loss_mask"] * (cfg.task.kind == "agent")
 
     def compute(self, batch):
         scores = []

@@ -16,16 +16,30 @@ import torch
 
 from relax.algorithms.groups import sample_informative_groups
 from relax.bus.gate import PartitionTrained
-from relax.moe.fields import routing_fields
+from relax.moe.fields import r3_fields, routing_fields
+from relax.omni.fields import input_fields
 from relax.omni.source import engine_class, make_source
 from relax.fault.redelivery import existing_groups
 from relax.roles.base import ModelRole
 from relax.tasks import make_task
 
 
+# What every generated row carries (the task's source may add media fields or the agent's loss mask).
+ROW_FIELDS = ["sample_id", "group_id", "prompt_index", "prompt_ids", "response_ids", "rollout_log_probs",
+              "weight_version", "truncated", "total_len"]
+
+
 @ray.remote
 class RolloutRole(ModelRole):
     name = "rollout"
+    outputs = ROW_FIELDS
+    phases = ("generate_partition",)  # the colocate loop wakes the engine before and puts it to sleep after
+
+    @classmethod
+    def writes(cls, cfg) -> list[str]:
+        # DAPO's draw counts, R3's routed experts, omni media / the agent loss mask.
+        return cls.outputs + ["ds_attempts"] * cfg.algorithm.dynamic_sampling.enabled + r3_fields(cfg) + \
+            input_fields(cfg)
 
     def __init__(self, cfg, bus, telemetry, weights, threads, replica=None, queue=None):
         # Async: a DCS follower (each new version is pulled in the background while the engine generates).
@@ -76,9 +90,12 @@ class RolloutRole(ModelRole):
         self.engine.update_weights(state, version)
         self.version = version
 
-    def call(self, fn, *args, **kwargs):
-        """Run `fn(self, *args, **kwargs)` in this process: how a schedule (relax/schedules/) drives this role."""
-        return fn(self, *args, **kwargs)
+    def load_weights(self, version: int, step: int) -> int:
+        """Load `version` now, waiting for it (the engine is idle: an emulated veRL weight-sync barrier)."""
+        with self.rec.span("weight_sync", step=step, version=version):
+            self.sync_weights(min_version=version)
+        self.rec.flush()
+        return self.version
 
     def run(self, steps: int, start: int = 0, recover: bool = False) -> None:
         from relax.engines.remote import EngineDied

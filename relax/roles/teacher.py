@@ -69,6 +69,10 @@ class TeacherRole(Role):
     fields = ["prompt_ids", "response_ids"]
     outputs = ["teacher_log_probs"]
 
+    @classmethod
+    def enabled(cls, cfg) -> bool:
+        return cfg.algorithm.policy_loss == "opd"
+
     def __init__(self, cfg, bus, telemetry, weights, threads, replica=None):
         super().__init__(cfg, bus, telemetry, weights, threads, replica)
         self.model, self.tokenizer = build_teacher(cfg)

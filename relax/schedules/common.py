@@ -1,5 +1,5 @@
 """Pieces the emulated schedules share: take a whole partition off the bus, cut it into micro-batches, run
-the trainer's log-prob forwards, and drive the roles' long-running calls from the controller."""
+the trainer's log-prob forwards, and drive the roles' long-running calls from the driver."""
 
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ class WholeBatchLoader:
             yield self.batch.select(list(range(start, self.batch.size)))
 
 
-def drive(controller, bar, futures: dict, until: str = "actor") -> None:
+def drive(ctx, bar, futures: dict, until: str = "actor") -> None:
     """Wait for the roles' long-running calls, polling telemetry for the progress bar; a role's failure is
     raised here, naming it. Returns once `until` has finished and then every other call."""
     pending = list(futures)
@@ -93,7 +93,7 @@ def drive(controller, bar, futures: dict, until: str = "actor") -> None:
             except ray.exceptions.RayTaskError as err:
                 raise RuntimeError(f"role '{futures[ref]}' failed: {err}") from err
             done_until |= futures[ref] == until
-        controller.poll(bar)
+        ctx.poll(bar)
     ray.get(pending)
 
 

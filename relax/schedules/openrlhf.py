@@ -72,17 +72,17 @@ class AsyncControl:
         self.lock.release()
 
 
-def run(controller, bar) -> None:
-    cfg, roles = controller.cfg, controller.roles
+def run(ctx, supervisor, bar) -> None:
+    cfg, roles = ctx.cfg, ctx.roles
     control = AsyncControl.remote(cfg.max_staleness)
     try:
         ray.get(control.ready.remote())
         # Reward, advantages (and any other streaming service) run as in relax; the trainer drives Reference.
-        services = [n for n in controller.role_names() if n not in ("rollout", "actor", "reference")]
+        services = [n for n in ctx.role_names if n not in ("rollout", "actor", "reference")]
         futures = {roles[n].run.remote(cfg.steps): n for n in services}
-        futures[roles["rollout"].call.remote(generator_loop, cfg.steps, control)] = "rollout"
-        futures[roles["actor"].call.remote(trainer_loop, cfg.steps, control, roles.get("reference"))] = "actor"
-        drive(controller, bar, futures)
+        futures[roles["rollout"].run_schedule.remote(cfg.steps, control)] = "rollout"
+        futures[roles["actor"].run_schedule.remote(cfg.steps, control, roles.get("reference"))] = "actor"
+        drive(ctx, bar, futures)
     finally:
         ray.kill(control)
 
@@ -141,3 +141,7 @@ def trainer_loop(actor, steps: int, control, reference) -> None:
 
         actor.train_partition(k, loader=WholeBatchLoader(batch, G, budget), publish=broadcast, extra=extra)
     finish(actor)
+
+
+# What each role runs in its own process for this schedule (Role.run_schedule).
+LOOPS = {"rollout": generator_loop, "actor": trainer_loop}

@@ -49,20 +49,12 @@ def role_names(cfg, names: list[str]) -> list[str]:
     return [n for n in names if n != "reference"]
 
 
-def run(controller, bar) -> None:
-    cfg, roles = controller.cfg, controller.roles
+def run(ctx, supervisor, bar) -> None:
+    cfg, roles = ctx.cfg, ctx.roles
     # Reward, advantages (and any other streaming service the algorithm needs) run as in relax.
-    futures = {roles[n].run.remote(cfg.steps): n for n in controller.role_names() if n not in ("rollout", "actor")}
-    futures[roles["actor"].call.remote(trainer_loop, cfg.steps, roles["rollout"])] = "actor"
-    drive(controller, bar, futures)
-
-
-def load_weights(rollout, version: int, step: int) -> int:
-    """Rollout side of the barrier: load `version` now (the engine is idle: its batch is done)."""
-    with rollout.rec.span("weight_sync", step=step, version=version):
-        rollout.sync_weights(min_version=version)
-    rollout.rec.flush()
-    return rollout.version
+    futures = {roles[n].run.remote(cfg.steps): n for n in ctx.role_names if n not in ("rollout", "actor")}
+    futures[roles["actor"].run_schedule.remote(cfg.steps, roles["rollout"])] = "actor"
+    drive(ctx, bar, futures)
 
 
 def trainer_loop(actor, steps: int, rollout) -> None:
@@ -80,7 +72,7 @@ def trainer_loop(actor, steps: int, rollout) -> None:
             batch = fetch_all(actor.bus, k, "actor_train", trainer_fields(actor), actor.rows_per_step, G)
         t1 = time.time()
         with rec.span("weight_sync_barrier", step=k, version=actor.version):
-            ray.get(rollout.call.remote(load_weights, actor.version, k + 1))
+            ray.get(rollout.load_weights.remote(actor.version, k + 1))  # the engine is idle: its batch is done
         t2 = time.time()
         if k + 1 < steps:
             generation[k + 1] = rollout.generate_partition.remote(k + 1)
@@ -99,3 +91,7 @@ def trainer_loop(actor, steps: int, rollout) -> None:
                  "old_logprob_s": t3 - t2, "ref_forward_s": t4 - t3, "trainer_wait_s": t2 - t0}
         actor.train_partition(k, loader=WholeBatchLoader(batch, G, budget), extra=extra)
     finish(actor)
+
+
+# What each role runs in its own process for this schedule (Role.run_schedule).
+LOOPS = {"actor": trainer_loop}
