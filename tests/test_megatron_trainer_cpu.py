@@ -29,8 +29,9 @@ from relax.algorithms import LossScale
 from relax.config import load_config
 from relax.models import build_model
 from relax.trainers import TorchTrainer, compute_log_probs
+from relax.trainers.factory import build_megatron_trainer
 from relax.trainers.megatron import cpu_shim
-from relax.trainers.megatron.trainer import MegatronTrainer, build_megatron_trainer
+from relax.trainers.megatron.trainer import MegatronTrainer
 
 tiny = json.loads(sys.argv[1])
 out = {}

@@ -154,7 +154,7 @@ def test_tool_answer_matches_the_environment(turns, expected):
 
 def test_agent_task_and_warmup_trajectories():
     from relax.models.tokenizer import CharTokenizer
-    from relax.omni.train import agent_batch
+    from relax.agent.train import agent_batch
     from relax.tasks import make_task
 
     cfg = load_config(AGENT)

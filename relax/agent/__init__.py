@@ -1,4 +1,5 @@
-"""Agentic multi-turn rollouts: environments, tools, trajectories with loss masks, the rollout driver."""
+"""Agentic multi-turn rollouts: environments, tools, trajectories with loss masks, the rollout driver, and the
+warm-up batches of agent tasks (`relax.agent.train`, not imported here: it needs relax.tasks)."""
 
 from relax.agent.env import Environment, MediaRef, Observation, Session, StepResult, ToolEnv
 from relax.agent.rollout import MultiTurnRollout, cut_after

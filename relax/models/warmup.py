@@ -1,5 +1,8 @@
 """Supervised warm-up: a short SFT on the task's (prompt, answer) pairs so a tiny model starts RL with signal.
 
+`sft` runs the supervised loop (relax/trainers/supervised.py) on the batches of the task's kind: text pairs
+(`text_batches`, here), omni (relax/omni/train.py) or agent (relax/agent/train.py) batches.
+
 The result is cached under the config's hash (model, task, warm-up, seed), so every run and every role
 process of an experiment starts from the same weights without redoing the work.
 """
@@ -13,12 +16,12 @@ import random
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from relax.config import ExperimentConfig
 from relax.models import build_model, state_dict_cpu
 from relax.tasks import make_task, supervised_pairs
-from relax.trainers import pack, token_log_probs
+from relax.trainers.batching import pack
+from relax.trainers.supervised import supervised_loop
 
 
 def cache_root() -> Path:
@@ -57,10 +60,22 @@ def _noisy(target: str, rng: random.Random) -> str:
 
 
 def sft(model, tok, cfg: ExperimentConfig, progress: bool = True) -> list[float]:
-    if cfg.task.kind != "text":  # media inputs or multi-turn episodes with a loss mask
-        from relax.omni.train import sft as sft_omni_agent
+    """The warm-up of `model` on the batches its task kind supplies (text pairs here; media inputs or multi-turn
+    episodes with a loss mask from relax/omni/train.py, relax/agent/train.py); returns the losses."""
+    kind = cfg.task.kind
+    if kind == "omni":
+        from relax.omni.train import warmup_batches
+    elif kind == "agent":
+        from relax.agent.train import warmup_batches
+    else:
+        warmup_batches = text_batches
+    desc = "warm-up (SFT)" if kind == "text" else f"warm-up (SFT, {kind})"
+    return supervised_loop(model, cfg.warmup, warmup_batches(tok, cfg), desc, progress)
 
-        return sft_omni_agent(model, tok, cfg, progress)
+
+def text_batches(tok, cfg: ExperimentConfig):
+    """`cfg.warmup.steps` packed batches of the task's (prompt, answer) pairs in order, a `warmup.label_noise`
+    share of the answers made wrong."""
     w = cfg.warmup
     rng = random.Random(cfg.seed)
     pairs = supervised_pairs(make_task(cfg.task, cfg.seed, "train"), w.steps * w.batch_size)
@@ -75,31 +90,4 @@ def sft(model, tok, cfg: ExperimentConfig, progress: bool = True) -> list[float]
                 targets.append(torch.tensor(tok.encode(target, add_bos=False) + [tok.eos_token_id]))
             yield pack(prompts, targets, tok.pad_token_id), None
 
-    return supervised_loop(model, w, batches(), "warm-up (SFT)", progress)
-
-
-def supervised_loop(model, w, batches, desc: str, progress: bool) -> list[float]:
-    """`w.steps` supervised steps over `batches` ((packed, media) pairs): AdamW with a 20-step linear warm-up
-    then linear decay, on `w.threads` threads; returns the losses."""
-    opt = torch.optim.AdamW(model.parameters(), lr=w.lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * max(0.0, 1 - s / w.steps))
-    model.train()
-    threads = torch.get_num_threads()
-    torch.set_num_threads(w.threads)
-    try:
-        return [sft_step(model, opt, sched, packed, media)
-                for packed, media in tqdm(batches, total=w.steps, desc=desc, disable=not progress)]
-    finally:
-        torch.set_num_threads(threads)
-
-
-def sft_step(model, opt, sched, packed, media=None) -> float:
-    """One supervised step: mean NLL of the packed rows' masked (response) tokens, clipped at 1.0; returns the loss."""
-    lp = token_log_probs(model, packed, 1.0, media)
-    loss = -(lp * packed.mask).sum() / packed.mask.sum()
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    opt.step()
-    sched.step()
-    return float(loss.detach())
+    return batches()

@@ -6,7 +6,7 @@ non-finite score, scores 0.0 with the error flagged: one bad row never crashes a
 
 Rules: reasoning_gym (the dataset's own score_answer), math_verify (symbolic equivalence), exact
 (normalised match), multiple_choice (letter A-E), format (answer stated in a gradable form), tool_answer
-(an agent's first <answer>..</answer>, exact; relax/agent/env.py).
+(an agent's first <answer>..</answer>, exact; relax/agent/env.py), genrm (`exact` outside the GenRM role).
 """
 
 from __future__ import annotations
@@ -17,19 +17,20 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Callable
 
+from relax.agent.env import tool_answer
 from relax.rewards.extract import extract_answer
 from relax.rewards.gym import reasoning_gym
 from relax.rewards.rules import exact, format_ok, multiple_choice
 from relax.rewards.verify import math_verify
-from relax.agent.env import tool_answer
 
 if TYPE_CHECKING:
-    from relax.tasks import Prompt
+    from relax.tasks.prompt import Prompt
 
 __all__ = ["REWARDS", "RewardResult", "extract_answer", "get_reward", "score_detailed"]
 
 log = logging.getLogger(__name__)
 
+# The one table of rules: every reward name resolves here, nowhere else adds to it.
 REWARDS: dict[str, Callable[[str, "Prompt"], float]] = {
     "reasoning_gym": reasoning_gym,
     "math_verify": math_verify,
@@ -37,6 +38,9 @@ REWARDS: dict[str, Callable[[str, "Prompt"], float]] = {
     "multiple_choice": multiple_choice,
     "format": format_ok,
     "tool_answer": tool_answer,
+    # Outside the GenRM role (relax/roles/genrm.py serves the judge), a genrm task is graded by the ground
+    # truth the judge approximates (relax/rewards/genrm.py).
+    "genrm": exact,
 }
 
 
@@ -77,4 +81,3 @@ def get_reward(name: str) -> Callable[[str, Prompt], float]:
     here rather than on every row."""
     _rule(name)
     return partial(_score, name)
-from relax.rewards import genrm as _genrm  # noqa: E402,F401  registers "genrm" (relax/rewards/genrm.py)

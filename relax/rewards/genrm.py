@@ -8,7 +8,7 @@ reply holds no number, or that runs out of time scores 0.0 and carries an error 
 
 The GenRM role (relax/roles/genrm.py) serves the judge as its own service when `task.reward: genrm`.
 Outside that role (held-out greedy accuracy, warm-up), a genrm task is graded by the `exact` rule, the
-ground truth the judge approximates (registered below as "genrm").
+ground truth the judge approximates (the table in relax/rewards/__init__.py maps "genrm" to it).
 """
 
 from __future__ import annotations
@@ -19,13 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
-from relax.rewards import REWARDS
-from relax.rewards.rules import exact
-
 ERR_OK, ERR_FAILED, ERR_TIMEOUT = 0, 1, 2
 _NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?")
-
-REWARDS.setdefault("genrm", exact)  # see the module docstring
 
 
 def parse_score(reply: str) -> float:

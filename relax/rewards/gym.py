@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from relax.rewards.extract import extract_answer
 
 if TYPE_CHECKING:
-    from relax.tasks import Prompt
+    from relax.tasks.prompt import Prompt
 
 
 @lru_cache(maxsize=16)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from relax.rewards.extract import NUMBER_RE, answer_line, extract_answer, is_number, marked_answer
 
 if TYPE_CHECKING:
-    from relax.tasks import Prompt
+    from relax.tasks.prompt import Prompt
 
 
 def normalise(text: str) -> str:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from relax.tasks import Prompt
+    from relax.tasks.prompt import Prompt
 
 DEADLINE_S = 20.0  # per grade: math-verify's three 5 s steps, plus slack for a loaded machine
 START_TIMEOUT_S = 120.0  # importing sympy on a busy 2-core machine

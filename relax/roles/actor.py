@@ -19,7 +19,7 @@ from relax.models import state_dict_cpu
 from relax.moe.fields import r3_fields
 from relax.omni.fields import input_fields
 from relax.roles.base import ModelRole
-from relax.trainers import build_trainer
+from relax.trainers.factory import build_trainer
 from relax.weights.dcs import model_tensors
 
 def dynamic_sampling_metrics(dropped_rows: int, draws: list[int], group_size: int) -> dict:

@@ -23,7 +23,7 @@ from torch import nn
 
 from relax.roles.base import POLL_S, Role
 from relax.trainers import pad_right
-from relax.trainers.torch_trainer import budget_slices, pack
+from relax.trainers.batching import budget_slices, pack
 
 VALUE_CLIP = 0.2
 

@@ -37,7 +37,7 @@ class ReferenceRole(ModelRole):
         self.boot.mark("weight_fetch")
         self.forward = None
         if megatron_forward(cfg, "reference"):
-            from relax.trainers.megatron.trainer import build_megatron_trainer
+            from relax.trainers.factory import build_megatron_trainer
 
             self.forward = build_megatron_trainer(cfg, self.model, self.tokenizer.pad_token_id, "reference")
             self.boot.mark("megatron_forward")

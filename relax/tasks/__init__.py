@@ -12,7 +12,8 @@ from typing import Literal
 
 from relax.config import TaskConfig
 from relax.tasks import dapo, gym
-from relax.tasks.base import Prompt, Task, supervised_pairs
+from relax.tasks.base import Task, supervised_pairs
+from relax.tasks.prompt import Prompt
 
 __all__ = ["Prompt", "Task", "make_task", "supervised_pairs"]
 

@@ -2,21 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Callable
 
 from relax.rewards import RewardResult, get_reward, score_detailed
-
-
-@dataclass(frozen=True)
-class Prompt:
-    prompt_id: int
-    question: str
-    prompt: str  # the question wrapped in task.prompt_template: what the model sees
-    answer: str
-    # JSON-serialisable; enough for the reward to grade the row on another process (`Prompt(**asdict(p))`).
-    meta: dict[str, Any] = field(default_factory=dict)
+from relax.tasks.prompt import Prompt
 
 
 # A loader's row: question, answer, meta.

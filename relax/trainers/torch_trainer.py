@@ -1,6 +1,7 @@
 """The CPU trainer: log-prob recompute and policy-gradient updates over a transformers causal LM.
 
-Sequences are packed as prompt + response, right-padded (causal attention makes trailing pads inert).
+Sequences are packed as prompt + response, right-padded (causal attention makes trailing pads inert;
+relax/trainers/batching.py).
 A training step is a stream of micro-batches (gradients accumulate) followed by one optimizer step; the
 loss of each micro-batch is scaled by the whole step's token/sequence counts so accumulation is exact.
 A micro-batch carrying `rollout_routed_experts` (R3, relax/moe/) is run with the rollout's expert choices
@@ -15,68 +16,13 @@ tokens the mask marks (the model's own; tool and environment tokens are 0); one 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
 
 import torch
 
 from relax.algorithms import LossScale, aggregate, check_config, get_policy_loss, kl_penalty
 from relax.config import ExperimentConfig
 from relax.moe.replay import replay_from_batch
-
-MEDIA_FIELDS = ("image_patches", "audio_mel", "video_frames")  # relax/omni/processor.py FIELDS
-
-
-def media_rows(rows: dict, sl: slice = slice(None)) -> list[dict] | None:
-    """Per-row media dicts of `rows[sl]` for a model's `media=` argument (None when no media field is present)."""
-    names = [f for f in MEDIA_FIELDS if f in rows]
-    if not names:
-        return None
-    n = len(rows[names[0]][sl])
-    return [{f: rows[f][sl][i] for f in names} for i in range(n)]
-
-
-@dataclass
-class Packed:
-    input_ids: torch.Tensor  # [B, L]
-    attention_mask: torch.Tensor  # [B, L]
-    resp_pos: torch.Tensor  # [B, T] positions of the logits that predict each response token
-    resp_ids: torch.Tensor  # [B, T]
-    mask: torch.Tensor  # [B, T] float, 1 on real response tokens
-
-
-def pad_right(seqs: list[torch.Tensor], value: float = 0.0, dtype=None) -> torch.Tensor:
-    T = max((len(s) for s in seqs), default=0)
-    out = torch.full((len(seqs), max(T, 1)), value, dtype=dtype or seqs[0].dtype)
-    for i, s in enumerate(seqs):
-        out[i, : len(s)] = s
-    return out
-
-
-def pack(prompts: list[torch.Tensor], responses: list[torch.Tensor], pad_id: int,
-         loss_masks: list[torch.Tensor] | None = None) -> Packed:
-    """Right-padded prompt + response rows; `mask` is 1 on response tokens, or `loss_masks[i]` where given."""
-    B = len(prompts)
-    L = max(len(p) + len(r) for p, r in zip(prompts, responses))
-    T = max(max(len(r) for r in responses), 1)
-    ids = torch.full((B, L), pad_id, dtype=torch.long)
-    attn = torch.zeros((B, L), dtype=torch.long)
-    pos = torch.zeros((B, T), dtype=torch.long)
-    rid = torch.full((B, T), pad_id, dtype=torch.long)
-    mask = torch.zeros((B, T))
-    for i, (p, r) in enumerate(zip(prompts, responses)):
-        n, m = len(p), len(r)
-        ids[i, :n] = p
-        ids[i, n : n + m] = r
-        attn[i, : n + m] = 1
-        pos[i, :m] = torch.arange(n - 1, n + m - 1)
-        rid[i, :m] = r
-        if loss_masks is None:
-            mask[i, :m] = 1.0
-        else:
-            if len(loss_masks[i]) != m:
-                raise ValueError(f"row {i}: loss_mask has {len(loss_masks[i])} entries for {m} response tokens")
-            mask[i, :m] = torch.as_tensor(loss_masks[i], dtype=torch.float32)
-    return Packed(ids, attn, pos, rid, mask)
+from relax.trainers.batching import Packed, budget_slices, media_rows, pack, pad_right
 
 
 def compute_precision(model, precision: str = "fp32"):
@@ -102,16 +48,6 @@ def token_log_probs(model, packed: Packed, temperature: float, media: list[dict]
     picked = logits.gather(1, idx).float() / temperature
     lp = torch.log_softmax(picked, dim=-1).gather(-1, packed.resp_ids[..., None]).squeeze(-1)
     return lp * packed.mask
-
-
-def build_trainer(cfg: ExperimentConfig, model, pad_id: int, role: str = "actor"):
-    """training.trainer: torch (this module) or megatron (relax/trainers/megatron/trainer.py, same interface:
-    log_probs, accumulate, divide_grads, step, sync_hf)."""
-    if cfg.training.trainer == "megatron":
-        from relax.trainers.megatron.trainer import build_megatron_trainer
-
-        return build_megatron_trainer(cfg, model, pad_id, role)
-    return TorchTrainer(model, pad_id, cfg)
 
 
 class TorchTrainer:
@@ -207,18 +143,4 @@ def compute_log_probs(model, pad_id: int, prompts: list[torch.Tensor], responses
             lp = token_log_probs(model, packed, temperature, media_rows(inputs, slice(lo, hi)), precision)
         out.extend(lp[i, : len(r)].clone() for i, r in enumerate(responses[lo:hi]))
     model.train(was_training)
-    return out
-
-
-def budget_slices(lengths: list[int], budget: int) -> list[tuple[int, int]]:
-    """Consecutive [lo, hi) slices whose padded size (rows x longest row) stays within `budget` tokens."""
-    out, lo, longest = [], 0, 0
-    for i, n in enumerate(lengths):
-        longest_next = max(longest, n)
-        if i > lo and longest_next * (i - lo + 1) > budget:
-            out.append((lo, i))
-            lo, longest_next = i, n
-        longest = longest_next
-    if lo < len(lengths):
-        out.append((lo, len(lengths)))
     return out

@@ -32,8 +32,8 @@ def compare_with_torch(cfg, single_row: bool = False) -> dict:
     from relax.algorithms import LossScale
     from relax.models import build_model
     from relax.trainers import TorchTrainer, compute_log_probs
+    from relax.trainers.factory import build_megatron_trainer
     from relax.trainers.megatron.group import MegatronGroup
-    from relax.trainers.megatron.trainer import build_megatron_trainer
 
     hf, tok = build_model(cfg.model, 0)
     pad = tok.pad_token_id
@@ -79,7 +79,7 @@ def step_after_a_rank_dies(cfg) -> str:
 
     from relax.algorithms import LossScale
     from relax.models import build_model
-    from relax.trainers.megatron.trainer import build_megatron_trainer
+    from relax.trainers.factory import build_megatron_trainer
 
     hf, tok = build_model(cfg.model, 0)
     tr = build_megatron_trainer(cfg, copy.deepcopy(hf), tok.pad_token_id)

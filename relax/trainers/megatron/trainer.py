@@ -24,12 +24,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-
 import torch
 
 from relax.algorithms import LossScale, aggregate, check_config, get_policy_loss, kl_penalty
 from relax.trainers.megatron.convert import Parallel, QwenLayout, hf_to_megatron, megatron_to_hf, merge, shard
-from relax.trainers.torch_trainer import budget_slices
+from relax.trainers.batching import budget_slices
 
 
 def megatron_importable() -> bool:
@@ -427,21 +426,5 @@ def build_rank_trainer(cfg, hf_config, hf_state, pad_id: int, role: str = "actor
                            bf16=cfg.training.precision == "bf16", timeout_s=timeout_s)
 
 
-def build_megatron_trainer(cfg, model, pad_id: int, role: str = "actor"):
-    """The Megatron trainer of one role from the experiment config, loaded with `model`'s (transformers) weights.
-    World size 1 (`relax.config.role_world_size`): this process (one GPU, or the CPU under cpu_shim). More, or
-    `resources.<role>.workers` set: a `MegatronGroup` (relax/trainers/megatron/group.py) with this process as rank 0
-    and a Ray worker per other rank."""
-    from relax.config import role_world_size
-    from relax.trainers.megatron.convert import hf_state_from_model
-
-    world = role_world_size(cfg, role)
-    if world > 1 or getattr(cfg.resources, role).workers is not None:  # workers: 1 -> a group of one (GPU check)
-        from relax.trainers.megatron.group import MegatronGroup
-
-        return MegatronGroup(cfg, model, pad_id, world, role)
-    return build_rank_trainer(cfg, model.config, hf_state_from_model(model), pad_id, role)
-
-
-__all__ = ["MegatronTrainer", "build_megatron_trainer", "build_rank_trainer", "init_distributed", "megatron_available", "megatron_importable", "transformer_config"]
+__all__ = ["MegatronTrainer", "build_rank_trainer", "init_distributed", "megatron_available", "megatron_importable", "transformer_config"]
 
