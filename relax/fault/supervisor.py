@@ -38,7 +38,7 @@ from relax.config import runs_megatron
 from relax.fault.inject import FaultInjector
 from relax.fault.redelivery import live_partitions, redeliver
 from relax.placement import Placement
-from relax.weights.dcs import DCS
+from relax.weights import DCS
 
 log = logging.getLogger(__name__)
 

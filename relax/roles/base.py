@@ -28,7 +28,7 @@ class Role:
     fields: list[str] = []
     outputs: list[str] = []  # the fields it writes: a restarted role skips rows that already have them
     whole_groups = False
-    dcs_member = {"serve": False, "follow": False, "trainer": False}  # its part in the DCS (relax.weights.dcs)
+    dcs_member = {"serve": False, "follow": False, "trainer": False}  # its part in the DCS (relax.weights)
 
     def __init__(self, cfg: ExperimentConfig, bus: Bus, telemetry, weights, threads: int, replica: int | None = None):
         self.boot = BootClock()  # where a (re)start's seconds go (relax/fault/boot.py)
