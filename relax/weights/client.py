@@ -107,8 +107,7 @@ class DCS:
         if info["store"] is not None:
             self._pairs = PairGroups(info["store"], self.timeout_s, self.device)
         self._stop.clear()
-        self._spawn(lambda: beat_until(self._stop, self.heartbeat_s, lambda: self.coord.heartbeat.remote(self.id)),
-                    "dcs-heartbeat")
+        self._spawn(beat_until, "dcs-heartbeat", self._stop, self.heartbeat_s, self._beat)
         if serve and self.transport == "gloo":
             self._spawn(self._serve_loop, "dcs-serve")
         if follow:
@@ -134,10 +133,13 @@ class DCS:
             ray.kill(self._coord)
             self._coord = None
 
-    def _spawn(self, fn, name: str) -> None:
-        t = threading.Thread(target=fn, name=name, daemon=True)
+    def _spawn(self, fn, name: str, *args) -> None:
+        t = threading.Thread(target=fn, args=args, name=name, daemon=True)
         t.start()
         self._threads.append(t)
+
+    def _beat(self) -> None:
+        self.coord.heartbeat.remote(self.id)
 
     # -- publishing
     def have(self) -> int:
