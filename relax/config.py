@@ -254,7 +254,7 @@ class BusConfig(Strict):
 
 
 class DCSConfig(Strict):
-    """Weight sync between roles (relax/weights/dcs.py)."""
+    """Weight sync between roles (relax/weights/)."""
 
     # gloo: bucketed torch.distributed transfers from live peers (NCCL when the weights live on a GPU);
     # object_store: Ray's object store (the first version's path, kept for comparison).

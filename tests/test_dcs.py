@@ -1,4 +1,4 @@
-"""DCS (relax.weights.dcs): layouts, gloo transfers between Ray processes, peer recovery, pinning, the ledger."""
+"""DCS (relax.weights): layouts, gloo transfers between Ray processes, peer recovery, pinning, the ledger."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import ray
 import torch
 
-from relax.weights.dcs import DCS, Staging, plan_layout
+from relax.weights import DCS, Staging, plan_layout
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -189,7 +189,7 @@ def test_object_store_transport_has_the_same_interface(ray_session):
 def test_staging_on_a_gpu_selects_nccl_through_the_same_code():
     import torch.distributed as dist
 
-    from relax.weights.dcs import make_pair_group
+    from relax.weights.transport import make_pair_group
 
     if getattr(dist, "ProcessGroupNCCL", None) is not None:
         pytest.skip("this torch build has NCCL; the pairing is checked on GPU machines")

@@ -34,7 +34,6 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal
 
@@ -43,6 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from relax.engines.process import free_port, terminate
 from relax.engines.torch_engine import TorchEngine
+from relax.weights import broadcast, new_process_group
 
 
 class _Aborted(Exception):
@@ -142,30 +142,6 @@ def _dtype(name: str) -> torch.dtype:
     if not isinstance(dt, torch.dtype):
         raise ValueError(f"unknown dtype {name!r}")
     return dt
-
-
-def new_process_group(backend: str, master_address: str, master_port: int, rank: int, world_size: int,
-                      timeout_s: float = 300.0):
-    """A standalone process group (no global torch.distributed state): gloo on CPU, NCCL on GPUs."""
-    import torch.distributed as dist
-
-    timeout = timedelta(seconds=timeout_s)
-    store = dist.TCPStore(master_address, master_port, world_size, rank == 0, timeout=timeout)
-    if backend == "gloo":
-        return dist.ProcessGroupGloo(store, rank, world_size, timeout)
-    if backend == "nccl":
-        opts = dist.ProcessGroupNCCL.Options()
-        opts._timeout = timeout
-        return dist.ProcessGroupNCCL(store, rank, world_size, opts)
-    raise ValueError(f"backend must be 'gloo' or 'nccl', not {backend!r}")
-
-
-def broadcast(pg, tensor: torch.Tensor, root: int = 0) -> None:
-    import torch.distributed as dist
-
-    opts = dist.BroadcastOptions()
-    opts.rootRank = root
-    pg.broadcast([tensor], opts).wait()
 
 
 class EngineServer:

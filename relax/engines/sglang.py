@@ -361,8 +361,8 @@ class WeightSync:
     def connect(self) -> None:
         if self.transport != "distributed" or self.pg is not None:
             return
-        from relax.engines.http_server import new_process_group
         from relax.engines.process import free_port
+        from relax.weights import new_process_group
 
         port = self.master_port or free_port()
         sizes = [c.tp_size() for c in self.clients]
@@ -422,7 +422,7 @@ class WeightSync:
                 n += 1
             return total, n
         self.connect()
-        from relax.engines.http_server import broadcast
+        from relax.weights import broadcast
 
         total, n = 0, 0
         it = buckets(named, self.bucket_bytes)

@@ -40,7 +40,7 @@ from relax.placement import Placement
 from relax.roles.registry import ROLES, task_of
 from relax.run_folder import CHECKPOINTS, RunFolder
 from relax.schedules.context import RunContext
-from relax.weights.dcs import DCS
+from relax.weights import DCS
 
 log = logging.getLogger(__name__)
 

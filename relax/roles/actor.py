@@ -20,7 +20,7 @@ from relax.moe.fields import r3_fields
 from relax.omni.fields import input_fields
 from relax.roles.base import ModelRole
 from relax.trainers.factory import build_trainer
-from relax.weights.dcs import model_tensors
+from relax.weights import model_tensors
 
 def dynamic_sampling_metrics(dropped_rows: int, draws: list[int], group_size: int) -> dict:
     """DAPO per step: rows and groups dropped (still degenerate at the cap), groups redrawn at least once, and

@@ -35,7 +35,7 @@ class Role:
     outputs: list[str] = []  # the fields it writes: a restarted role skips rows that already have them
     whole_groups = False
     phases: tuple[str, ...] = ("process_partition",)  # the colocate loop's calls on it per partition, in order
-    dcs_member = {"serve": False, "follow": False, "trainer": False}  # its part in the DCS (relax.weights.dcs)
+    dcs_member = {"serve": False, "follow": False, "trainer": False}  # its part in the DCS (relax.weights)
 
     def __init__(self, cfg: ExperimentConfig, bus: Bus, telemetry, weights, threads: int, replica: int | None = None):
         self.boot = BootClock()  # where a (re)start's seconds go (relax/fault/boot.py)

@@ -1,0 +1,65 @@
+"""Heartbeats and liveness: who is alive, the beat each member sends, and how long a silence is tolerated.
+
+Every process that joins the DCS beats from a background thread (`beat_until`) to the DCS coordinator,
+whose registry keeps a `Liveness` record per member. Two silences matter: past `STALE_S` a member is the
+last choice as a holder of weights (it may be stalled or dying); past `health.heartbeat_timeout_s` the
+supervisor kills it and recovers it like any death (relax/fault/supervisor.py). A member marked dead (its
+process died, or it left) stays dead: a restarted process joins as a new member.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable
+
+STALE_S = 2.0  # a member silent this long is the last choice as a holder
+
+
+class Liveness:
+    """Per member: registered, last heartbeat seen, alive (until marked dead, for good)."""
+
+    def __init__(self):
+        self.records: dict[str, dict] = {}
+
+    def add(self, mid: str) -> None:
+        now = time.time()
+        self.records[mid] = {"alive": True, "registered": now, "last_seen": now}
+
+    def record(self, mid: str) -> dict:
+        return self.records[mid]
+
+    def alive(self, mid: str) -> bool:
+        r = self.records.get(mid)
+        return r is not None and r["alive"]
+
+    def beat(self, mid: str) -> bool:
+        """A heartbeat from `mid`; False if it is unknown or was marked dead (it should stop beating)."""
+        if not self.alive(mid):
+            return False
+        self.records[mid]["last_seen"] = time.time()
+        return True
+
+    def mark_dead(self, mid: str) -> bool:
+        """True if `mid` was alive until now."""
+        if not self.alive(mid):
+            return False
+        self.records[mid]["alive"] = False
+        return True
+
+    def age(self, mid: str, now: float) -> float:
+        """Seconds since `mid`'s last heartbeat."""
+        return now - self.records[mid]["last_seen"]
+
+    def stale(self, mid: str, now: float) -> bool:
+        return self.age(mid, now) > STALE_S
+
+
+def beat_until(stop: threading.Event, every_s: float, beat: Callable[[], object]) -> None:
+    """A heartbeat thread's body: `beat()` every `every_s` until `stop`; ends quietly if a beat cannot be sent
+    (the coordinator is gone: the process is being torn down)."""
+    while not stop.wait(every_s):
+        try:
+            beat()
+        except Exception:
+            return
