@@ -35,6 +35,7 @@ class AdvantageInput:
     response_mask: Tensor  # [B, T] 1 on response tokens that count (loss mask), right-padded
     values: Tensor | None = None  # [B, T] critic values (GAE)
     token_rewards: Tensor | None = None  # [B, T] extra per-token rewards (KL-in-reward, OPD term)
+    baseline_rewards: Tensor | None = None  # [B] reward of a greedy response to the same prompt (ReMax)
 
 
 def _float(x: Tensor) -> Tensor:
@@ -101,6 +102,9 @@ def _check(inp: AdvantageInput) -> None:
         x = getattr(inp, name)
         if x is not None and x.shape != inp.response_mask.shape:
             raise ValueError(f"{name} {tuple(x.shape)} must match response_mask {tuple(inp.response_mask.shape)}")
+    if inp.baseline_rewards is not None and inp.baseline_rewards.shape != inp.rewards.shape:
+        raise ValueError(f"baseline_rewards {tuple(inp.baseline_rewards.shape)} must match rewards "
+                         f"{tuple(inp.rewards.shape)}")
 
 
 @register_advantage("grpo", params=REWARD_TO_GO_PARAMS)
@@ -131,20 +135,25 @@ def rloo(inp: AdvantageInput, cfg: AlgorithmConfig) -> tuple[Tensor, Tensor]:
     return adv, adv
 
 
-@register_advantage("reinforce_pp_baseline", params=REWARD_TO_GO_PARAMS)
-def reinforce_pp_baseline(inp: AdvantageInput, cfg: AlgorithmConfig) -> tuple[Tensor, Tensor]:
-    """REINFORCE++-baseline (Hu et al. 2025): A'_it = R_i - mean_g R (+ token reward-to-go), then
-    A_it = A'_it / (std_batch(A') + eps), std over all masked tokens of the batch (with cfg.norm_adv_by_std).
+RPP_BASELINE_PARAMS = {**REWARD_TO_GO_PARAMS, "shift_mean": True}
 
-    Unlike the OpenRLHF/verl code this does not also subtract the batch token-mean: group-centred rewards are
-    already centred, and the token-mean shift would give equal-reward groups a nonzero, length-dependent push.
+
+@register_advantage("reinforce_pp_baseline", params=RPP_BASELINE_PARAMS)
+def reinforce_pp_baseline(inp: AdvantageInput, cfg: AlgorithmConfig) -> tuple[Tensor, Tensor]:
+    """REINFORCE++-baseline (Hu et al. 2025, arXiv 2501.03262): A'_it = R_i - mean_g R (+ token reward-to-go),
+    then A_it = (A'_it - mean_batch(A')) / (std_batch(A') + eps), mean and std over all masked tokens of the
+    batch (with cfg.norm_adv_by_std), as the paper and veRL's reinforce_plus_plus_baseline.
+
+    The batch-mean shift gives equal-reward groups (A' = 0) a nonzero, length-dependent push -mean/std;
+    params.shift_mean = false whitens without it (x / std only), which keeps those groups at exactly 0.
     """
     _check(inp)
+    p = read_params(cfg, RPP_BASELINE_PARAMS)
     r = _float(inp.rewards)
     g = group_stats(r, inp.group_index)
     adv = _broadcast((r - g.mean).masked_fill(g.degenerate, 0.0), inp, cfg)
     if cfg.norm_adv_by_std:
-        adv = _masked_whiten(adv, inp.response_mask > 0, shift_mean=False)
+        adv = _masked_whiten(adv, inp.response_mask > 0, shift_mean=bool(p["shift_mean"]))
     return adv, adv
 
 
