@@ -1,7 +1,8 @@
 """Advantage estimators. Each returns (advantages, returns), both [B, T] and zero outside the mask.
 
-Sequence-level estimators (grpo, rloo, reinforce_pp_baseline) compute one scalar per response from the
-group's rewards and broadcast it to every masked token; returns = advantages (there is no critic).
+Sequence-level estimators (grpo, rloo, reinforce_pp_baseline here; opo, gpg, grpo_passk in their own modules)
+compute one scalar per response from the group's rewards and broadcast it to every masked token; returns =
+advantages (there is no critic). reinforce_pp and remax (own modules) use the reward-to-go below instead.
 `token_rewards` (KL-in-reward, an OPD term): sequence-level estimators add their discounted reward-to-go
 G_t = sum_{s>=t} gamma^(s-t) tr_s to the broadcast scalar (gamma = params.gamma, default 1.0; gamma=0 keeps
 each token's own term, the zero discount of on-policy distillation); GAE takes r_t = tr_t plus the sequence
