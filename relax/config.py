@@ -96,14 +96,21 @@ class AgentConfig(Strict):
 
 
 class AlgorithmConfig(Strict):
-    advantage: str = "grpo"
-    policy_loss: str = "ppo"
-    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = "token-mean"
-    norm_adv_by_std: bool = True
-    clip_low: float = Field(0.2, ge=0)
-    clip_high: float = Field(0.28, ge=0)
-    kl_coef: float = Field(0.0, ge=0)
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    """Advantage estimator, policy loss and their knobs (relax/algorithms/; the README's Algorithms section)."""
+
+    advantage: str = "grpo"  # a registered advantage estimator (relax/algorithms/registry.py)
+    policy_loss: str = "ppo"  # a registered policy loss
+    # How per-token losses become one scalar (relax/algorithms/aggregation.py).
+    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm",
+                      "token-sum"] = "token-mean"
+    # seq-mean-token-sum-norm's constant L (None: rollout.max_new_tokens, Dr. GRPO's generation budget)
+    loss_norm_tokens: int | None = Field(None, ge=1)
+    norm_adv_by_std: bool = True  # divide group-centred rewards by the group std (GRPO); false: Dr. GRPO
+    clip_low: float = Field(0.2, ge=0)  # ratio clip 1 - clip_low (ppo, cispo)
+    clip_high: float = Field(0.28, ge=0)  # ratio clip 1 + clip_high (DAPO clip-higher)
+    kl_coef: float = Field(0.0, ge=0)  # weight of KL(policy || reference); > 0 starts the Reference role
+    kl_estimator: Literal["k1", "k2", "k3", "abs", "k1+", "k3+"] = "k3"  # per-token estimator (relax/algorithms/kl.py)
+    kl_in_reward: bool = False  # true: -kl_coef * KL per token joins the reward (Advantages); false: a loss term
     params: dict[str, Any] = Field(default_factory=dict)
     dynamic_sampling: "DynamicSamplingConfig" = Field(default_factory=lambda: DynamicSamplingConfig())
 
@@ -359,6 +366,9 @@ class ExperimentConfig(Strict):
             # (sglang: the h800x16 omni plan resolves; `relax run` refuses it at start, relax.engines.remote)
             raise ValueError(f"rollout.engine: {self.task.kind} tasks and omni models run on the in-process 'torch' "
                              "engine only (not 'torch_http')")
+        if self.algorithm.kl_in_reward and (self.algorithm.kl_coef == 0 or self.schedule != "relax"):
+            # The emulated schedules run the reference inside their trainer, after Advantages has already run.
+            raise ValueError("algorithm.kl_in_reward needs algorithm.kl_coef > 0 and schedule 'relax'")
         for i, f in enumerate(self.faults):
             if not supervised:
                 raise ValueError(f"faults.{i}: fault injection needs mode 'async' and schedule 'relax'")

@@ -84,11 +84,12 @@ def test_rloo_hand_values():
 
 def test_reinforce_pp_baseline_hand_values():
     # group-centred: [0.5, -0.5] on lengths 2 and 1 -> tokens [.5, .5, -.5]; their unbiased std:
-    # mean 1/6, var = ((1/3)^2 * 2 + (2/3)^2) / 2 = 1/3 -> A = +-0.5 / (sqrt(1/3) + 1e-6). No mean shift.
-    a, _ = adv("reinforce_pp_baseline", [1, 0], [0, 0], [2, 1])
+    # mean 1/6, var = ((1/3)^2 * 2 + (2/3)^2) / 2 = 1/3 -> A = +-0.5 / (sqrt(1/3) + 1e-6) with shift_mean off
+    # (the default, with the batch mean subtracted as in veRL: tests/test_algorithms_extra.py).
+    a, _ = adv("reinforce_pp_baseline", [1, 0], [0, 0], [2, 1], AlgorithmConfig(params={"shift_mean": False}))
     s = 0.5 / (math.sqrt(1 / 3) + 1e-6)
     close(a, [[s, s], [-s, 0]])
-    # An equal-reward group contributes zeros (which do count in the batch std):
+    # An equal-reward group contributes zeros (which do count in the batch std; the batch mean is 0 here):
     # tokens [.5, .5, -.5, -.5, 0, 0]: var = 1 / 5 -> A = +-0.5 / sqrt(0.2)
     a, _ = adv("reinforce_pp_baseline", [1, 0, 3, 3], [0, 0, 1, 1], [2, 2, 1, 1])
     s = 0.5 / (math.sqrt(0.2) + 1e-6)
@@ -334,9 +335,11 @@ def test_tis_truncated_weight():
 # ---------------------------------------------------------------- registry
 
 def test_unknown_names_list_the_known_ones():
-    with pytest.raises(ValueError, match="unknown advantage estimator 'ppo'.*gae, grpo, reinforce_pp_baseline, rloo"):
+    with pytest.raises(ValueError, match="unknown advantage estimator 'ppo'.*gae, gpg, grpo, grpo_passk, opo, "
+                       "reinforce_pp, reinforce_pp_baseline, remax, rloo"):
         get_advantage("ppo")
-    with pytest.raises(ValueError, match="unknown policy loss 'grpo'.*gspo, gspo_token, opd, ppo, sapo"):
+    with pytest.raises(ValueError, match="unknown policy loss 'grpo'.*cispo, dro, gmpo, gpg, gspo, gspo_token, m2po, "
+                       "opd, ppo, reinforce, sapo"):
         get_policy_loss("grpo")
 
 

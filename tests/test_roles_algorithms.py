@@ -188,3 +188,28 @@ def test_capped_pg_example_registers_and_has_the_documented_gradient():
     loss.backward()
     assert torch.allclose(logp.grad, torch.tensor([[-1.5 * 2.0, -1.0 * 2.0]]))
     assert m["capped_frac"] == 0.5
+
+
+# --- KL as a reward penalty ----------------------------------------------------------------------------------
+def test_kl_in_reward_advantages_add_the_token_penalty():
+    from relax.roles.advantages import AdvantagesRole
+
+    class _Weights:  # the DCS handle: Advantages only registers
+        def join(self, *args, **kwargs):
+            pass
+
+    cfg = _cfg("algorithm.kl_in_reward=true", "algorithm.kl_coef=0.5", "algorithm.kl_estimator=k1",
+               "algorithm.advantage=reinforce_pp")
+    role = AdvantagesRole.__ray_actor_class__(cfg, None, None, _Weights(), 1)
+    assert {"rollout_log_probs", "ref_log_probs"} <= set(role.fields)
+    T = torch.tensor
+    batch = {"rewards": T([1.0, 0.0]), "group_id": T([0, 0]), "response_ids": [T([5, 6]), T([7])],
+             "rollout_log_probs": [T([-1.0, -1.0]), T([-2.0])], "ref_log_probs": [T([-1.2, -1.0]), T([-1.0])]}
+    # k1 = [.2, 0], [-1] -> token rewards -0.5 k1 = [-.1, 0], [.5]; with R on the last token the reward-to-go
+    # is G = [.9, 1], [.5]: mean .8, unbiased std sqrt(.07), whitened by reinforce_pp
+    out = role.compute(batch)["advantages"]
+    s = 0.07 ** 0.5 + 1e-6
+    assert torch.allclose(out[0], T([0.1 / s, 0.2 / s]), atol=1e-5)
+    assert torch.allclose(out[1], T([-0.3 / s]), atol=1e-5)
+    plain = AdvantagesRole.__ray_actor_class__(_cfg("algorithm.advantage=reinforce_pp"), None, None, _Weights(), 1)
+    assert "ref_log_probs" not in plain.fields

@@ -13,7 +13,7 @@ from relax.algorithms.aggregation import AGG_MODES, LossScale, aggregate, masked
 from relax.algorithms.correction import TIS_PARAMS, tis_weight
 from relax.algorithms.groups import GroupStats, filter_groups, group_stats
 from relax.algorithms.gspo import gspo_loss, gspo_token_loss, sequence_log_ratio
-from relax.algorithms.kl import KL_ESTIMATORS, kl_penalty
+from relax.algorithms.kl import KL_ESTIMATORS, kl_penalty, kl_reward
 from relax.algorithms.opd import opd_loss, opd_token_advantage
 from relax.algorithms.policy import PolicyTerms, clipped_surrogate, log_ratio, policy_terms, ratio_metrics, reduce_policy_loss
 from relax.algorithms.ppo import ppo_loss
@@ -53,6 +53,7 @@ __all__ = [
     "gspo_loss",
     "gspo_token_loss",
     "kl_penalty",
+    "kl_reward",
     "known_advantages",
     "known_policy_losses",
     "log_ratio",

@@ -1,7 +1,8 @@
 """Advantage estimators. Each returns (advantages, returns), both [B, T] and zero outside the mask.
 
-Sequence-level estimators (grpo, rloo, reinforce_pp_baseline) compute one scalar per response from the
-group's rewards and broadcast it to every masked token; returns = advantages (there is no critic).
+Sequence-level estimators (grpo, rloo, reinforce_pp_baseline here; opo, gpg, grpo_passk in their own modules)
+compute one scalar per response from the group's rewards and broadcast it to every masked token; returns =
+advantages (there is no critic). reinforce_pp and remax (own modules) use the reward-to-go below instead.
 `token_rewards` (KL-in-reward, an OPD term): sequence-level estimators add their discounted reward-to-go
 G_t = sum_{s>=t} gamma^(s-t) tr_s to the broadcast scalar (gamma = params.gamma, default 1.0; gamma=0 keeps
 each token's own term, the zero discount of on-policy distillation); GAE takes r_t = tr_t plus the sequence
@@ -35,6 +36,7 @@ class AdvantageInput:
     response_mask: Tensor  # [B, T] 1 on response tokens that count (loss mask), right-padded
     values: Tensor | None = None  # [B, T] critic values (GAE)
     token_rewards: Tensor | None = None  # [B, T] extra per-token rewards (KL-in-reward, OPD term)
+    baseline_rewards: Tensor | None = None  # [B] reward of a greedy response to the same prompt (ReMax)
 
 
 def _float(x: Tensor) -> Tensor:
@@ -101,6 +103,9 @@ def _check(inp: AdvantageInput) -> None:
         x = getattr(inp, name)
         if x is not None and x.shape != inp.response_mask.shape:
             raise ValueError(f"{name} {tuple(x.shape)} must match response_mask {tuple(inp.response_mask.shape)}")
+    if inp.baseline_rewards is not None and inp.baseline_rewards.shape != inp.rewards.shape:
+        raise ValueError(f"baseline_rewards {tuple(inp.baseline_rewards.shape)} must match rewards "
+                         f"{tuple(inp.rewards.shape)}")
 
 
 @register_advantage("grpo", params=REWARD_TO_GO_PARAMS)
@@ -131,20 +136,25 @@ def rloo(inp: AdvantageInput, cfg: AlgorithmConfig) -> tuple[Tensor, Tensor]:
     return adv, adv
 
 
-@register_advantage("reinforce_pp_baseline", params=REWARD_TO_GO_PARAMS)
-def reinforce_pp_baseline(inp: AdvantageInput, cfg: AlgorithmConfig) -> tuple[Tensor, Tensor]:
-    """REINFORCE++-baseline (Hu et al. 2025): A'_it = R_i - mean_g R (+ token reward-to-go), then
-    A_it = A'_it / (std_batch(A') + eps), std over all masked tokens of the batch (with cfg.norm_adv_by_std).
+RPP_BASELINE_PARAMS = {**REWARD_TO_GO_PARAMS, "shift_mean": True}
 
-    Unlike the OpenRLHF/verl code this does not also subtract the batch token-mean: group-centred rewards are
-    already centred, and the token-mean shift would give equal-reward groups a nonzero, length-dependent push.
+
+@register_advantage("reinforce_pp_baseline", params=RPP_BASELINE_PARAMS)
+def reinforce_pp_baseline(inp: AdvantageInput, cfg: AlgorithmConfig) -> tuple[Tensor, Tensor]:
+    """REINFORCE++-baseline (Hu et al. 2025, arXiv 2501.03262): A'_it = R_i - mean_g R (+ token reward-to-go),
+    then A_it = (A'_it - mean_batch(A')) / (std_batch(A') + eps), mean and std over all masked tokens of the
+    batch (with cfg.norm_adv_by_std), as the paper and veRL's reinforce_plus_plus_baseline.
+
+    The batch-mean shift gives equal-reward groups (A' = 0) a nonzero, length-dependent push -mean/std;
+    params.shift_mean = false whitens without it (x / std only), which keeps those groups at exactly 0.
     """
     _check(inp)
+    p = read_params(cfg, RPP_BASELINE_PARAMS)
     r = _float(inp.rewards)
     g = group_stats(r, inp.group_index)
     adv = _broadcast((r - g.mean).masked_fill(g.degenerate, 0.0), inp, cfg)
     if cfg.norm_adv_by_std:
-        adv = _masked_whiten(adv, inp.response_mask > 0, shift_mean=False)
+        adv = _masked_whiten(adv, inp.response_mask > 0, shift_mean=bool(p["shift_mean"]))
     return adv, adv
 
 

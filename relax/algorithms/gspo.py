@@ -5,6 +5,11 @@
 clipped with a much smaller range than PPO's (params.gspo_clip_low / gspo_clip_high, default 3e-4 / 4e-4).
 With cfg.loss_agg = "seq-mean-token-mean" both losses reproduce the paper's objective 1/G sum_i; other modes
 weight each sequence's loss as that mode weights its tokens.
+
+Names against veRL: our `gspo` is the paper's sequence-level objective (one clipped ratio s_i per response);
+veRL's `gspo` is our `gspo_token` (token-level advantages allowed, the same gradient as ours when A_it is
+constant over the response). veRL always aggregates GSPO by seq-mean-token-mean and clamps log s_it at 10;
+ours follow `algorithm.loss_agg` (set seq-mean-token-mean to match) and clamp log s_i at +-20.
 """
 
 from __future__ import annotations

@@ -58,7 +58,7 @@ class PolicyTerms:
 
 
 def policy_terms(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, mask: Tensor) -> PolicyTerms:
-    """The shared preamble of the policy losses (ppo, gspo, sapo, opd, capped_pg): see PolicyTerms."""
+    """The shared preamble of every built-in policy loss: see PolicyTerms."""
     log_r = log_ratio(log_probs, old_log_probs)
     return PolicyTerms(advantages.detach().float(), log_r, log_r.exp(), ratio_metrics(log_r, mask))
 

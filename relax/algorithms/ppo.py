@@ -32,6 +32,9 @@ def ppo_loss(
 
     Dual-clip (Ye et al. 2020), when params.clip_ratio_c = c > 1: for A_t < 0, l_t = min(l_t, -c A_t), which
     bounds the loss of a negative-advantage token whose ratio has run far above 1.
+
+    Deliberately PPO's objective (Schulman et al. 2017) by default: dual-clip is off. veRL's `vanilla` loss
+    always applies it with c = 3.0; `algorithm.params.clip_ratio_c: 3.0` gives veRL's loss.
     """
     c = read_params(cfg, PPO_PARAMS)["clip_ratio_c"]
     t = policy_terms(log_probs, old_log_probs, advantages, mask)

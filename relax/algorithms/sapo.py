@@ -6,6 +6,10 @@ f'(r) = 4 sigma (1 - sigma) = sech^2(tau (r - 1) / 2): 1 at r = 1 (on-policy: th
 PPO inside its clip range), falling smoothly and monotonically as r moves away from 1 instead of dropping to
 0 at a boundary. The gradient w.r.t. logp_t is -A_t f'(r_t) r_t. tau_neg > tau_pos makes the gate decay faster
 for negative advantages, whose off-policy updates are the less stable ones.
+
+SAPO (Gao et al. 2025, arXiv 2511.20347) averages per sequence, then over sequences, and veRL's `sapo` always
+aggregates by seq-mean-token-mean; ours follows `algorithm.loss_agg` like every loss (set
+`loss_agg: seq-mean-token-mean` to match the paper and veRL).
 """
 
 from __future__ import annotations

@@ -46,7 +46,8 @@ class ActorRole(ModelRole):
 
     @classmethod
     def train_reads(cls, cfg) -> list[str]:
-        fields = cls.fields + (["ref_log_probs"] if cfg.algorithm.kl_coef > 0 else []) + r3_fields(cfg)
+        kl_loss = cfg.algorithm.kl_coef > 0 and not cfg.algorithm.kl_in_reward  # else Advantages puts it in the reward
+        fields = cls.fields + (["ref_log_probs"] if kl_loss else []) + r3_fields(cfg)
         fields += ["keep", "ds_attempts"] * cfg.algorithm.dynamic_sampling.enabled  # DAPO: marks, draws
         return fields + input_fields(cfg)  # omni media fields / the agent loss mask
 
@@ -136,6 +137,7 @@ class ActorRole(ModelRole):
         unit = LossScale(total_tokens=1, total_seqs=1)
         rewards, versions, tokens, seqs, losses = [], [], 0, 0, []
         loss_tokens = 0  # the token-mean denominator: response tokens, or the loss mask's ones (agent turns)
+        loss_seqs = 0  # the seq-mean denominator: rows with at least one loss token
         dropped, draws = 0, []
         for mb in loader:
             with self.rec.span("train_micro_batch", step=k, rows=mb.size, fields=sorted(mb.data)):
@@ -155,10 +157,14 @@ class ActorRole(ModelRole):
             tokens += int(sum(len(r) for r in data["response_ids"]))
             loss_tokens += int(sum(float(m.sum()) for m in data["loss_mask"])) if "loss_mask" in data else \
                 int(sum(len(r) for r in data["response_ids"]))
+            loss_seqs += sum(1 for m in data["loss_mask"] if float(m.sum()) > 0) if "loss_mask" in data else \
+                sum(1 for r in data["response_ids"] if len(r) > 0)
             seqs += len(keep)
         with self.rec.span("optimizer_step", step=k):
-            denom = loss_tokens if cfg.algorithm.loss_agg == "token-mean" else seqs
-            self.trainer.divide_grads(max(denom, 1))
+            a = cfg.algorithm
+            denom = LossScale(loss_tokens, loss_seqs, a.loss_norm_tokens or cfg.rollout.max_new_tokens) \
+                .denominator(a.loss_agg)
+            self.trainer.divide_grads(denom)
             step_metrics = self.trainer.step()
             self.trainer.sync_hf(self.model)  # Megatron: trained shards -> the published HF model (torch: no-op)
         sync_s = (publish or self.publish)(k + 1)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ray
 
-from relax.algorithms import AdvantageInput, filter_groups, get_advantage
+from relax.algorithms import AdvantageInput, filter_groups, get_advantage, kl_reward
 from relax.roles.teacher import opd_inputs
 from relax.roles.base import Role
 from relax.trainers import pad_right
@@ -22,8 +22,11 @@ class AdvantagesRole(Role):
     @classmethod
     def reads(cls, cfg) -> list[str]:
         alg = cfg.algorithm
-        return cls.fields + ["values"] * (alg.advantage == "gae") + \
+        fields = cls.fields + ["values"] * (alg.advantage == "gae") + \
             ["rollout_log_probs", "teacher_log_probs"] * (alg.policy_loss == "opd")
+        if alg.kl_in_reward:  # KL as a reward penalty: the Reference's log-probs join the token rewards
+            fields += [f for f in ("rollout_log_probs", "ref_log_probs") if f not in fields]
+        return fields
 
     @classmethod
     def writes(cls, cfg) -> list[str]:
@@ -41,6 +44,11 @@ class AdvantagesRole(Role):
         values = pad_right([v.float() for v in batch["values"]], dtype=None) if "values" in self.fields else None
         if "teacher_log_probs" in self.fields:  # OPD: -coef (logp_student - logp_teacher) per token
             rewards, token_rewards, alg = opd_inputs(batch, self.cfg, mask)
+        if "ref_log_probs" in self.fields:  # -kl_coef * KL(rollout || reference) per token
+            lps = [pad_right([x.float() for x in batch[f]], dtype=None)[:, :mask.shape[1]]
+                   for f in ("rollout_log_probs", "ref_log_probs")]
+            kl = kl_reward(*lps, mask, alg.kl_coef, alg.kl_estimator)
+            token_rewards = kl if token_rewards is None else token_rewards + kl
         inp = AdvantageInput(rewards=rewards, group_index=batch["group_id"], response_mask=mask, values=values,
                              token_rewards=token_rewards)
         adv, ret = self.estimator(inp, alg)
