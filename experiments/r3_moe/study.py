@@ -39,7 +39,6 @@ import os
 import platform
 import shlex
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -696,7 +695,7 @@ def main(args: argparse.Namespace) -> int:
     load = HostLoad().__enter__()  # the whole invocation's; save() records the load so far
     res.update(config=args.config, overrides=args.overrides, model=cfg.model.model_dump(), commit=git_commit(),
                started=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-               argv=args.argv[2:], load_start=load.record["loadavg_before"],
+               argv=args.argv, load_start=load.record["loadavg_before"],
                environment={"cpus": os.cpu_count(), "torch": torch.__version__, "machine": platform.machine(),
                             "note": "2-core CPU shared with other jobs: absolute times are under load; "
                                     "overheads are off/on ratios measured side by side"})
