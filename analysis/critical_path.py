@@ -18,7 +18,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-from analysis.results import SYSTEMS, load_metrics, load_trace, published_value  # noqa: E402
+from analysis.published import value as published_value  # noqa: E402
+from analysis.results import SYSTEMS, load_metrics, load_trace  # noqa: E402
 from relax.metrics.telemetry import union_seconds  # noqa: E402
 from relax.schedules import spans as S  # noqa: E402
 

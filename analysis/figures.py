@@ -1,6 +1,6 @@
 """Figures and tables from run results, beside the paper's published numbers.
 
-`python -m analysis.figures [--source DIR] [--dest DIR]` reads the newest run of each experiment/profile
+`relax figures [--source DIR] [--dest DIR]` (`make figures`) reads the newest run of each experiment/profile
 under DIR (default: results/, falling back to results/reference/ when there are no fresh runs) and writes
 PNGs to DEST/figures/ and Markdown + CSV tables to DEST/tables/ (DEST default: results/).
 
@@ -12,7 +12,6 @@ relax async run of the `async` experiment, by max_staleness.
 
 from __future__ import annotations
 
-import argparse
 import textwrap
 from pathlib import Path
 
@@ -23,26 +22,19 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from analysis import critical_path  # noqa: E402
+from analysis.published import value as published_value  # noqa: E402
 from analysis.results import (  # noqa: E402
-    PUBLISHED_HW, REFERENCE, RESULTS, SYSTEMS, hardware, host_load, latest_runs, load_config, load_metrics,
-    load_summary, published_metric, published_value, staleness_runs, system_runs,
+    PUBLISHED_HW, REFERENCE, RESULTS, SYSTEMS, hardware, host_load, load_config, load_metrics, load_summary,
+    published_metric, staleness_runs, system_runs,
 )
+from analysis.tables import write_table  # noqa: E402
+from relax.run_folder import latest_runs  # noqa: E402
 
 PUB_LABEL = "published (16xH800)"
 CPU_LABEL = "measured (2-core CPU)"
 
 
 # --- tables ------------------------------------------------------------------------------------------------
-def write_table(df: pd.DataFrame, out: Path, name: str, title: str, note: str = "") -> list[Path]:
-    out.mkdir(parents=True, exist_ok=True)
-    df.to_csv(out / f"{name}.csv", index=False)
-    text = f"# {title}\n\n{df.to_markdown(index=False)}\n"
-    if note:
-        text += f"\n{note}\n"
-    (out / f"{name}.md").write_text(text)
-    return [out / f"{name}.csv", out / f"{name}.md"]
-
-
 def _r(x, nd=4):
     return None if x is None or pd.isna(x) else round(float(x), nd)
 
@@ -246,7 +238,7 @@ HW_NOTE = ("Measured: this repository's CPU-scale runs (2-core CPU, no GPU, tiny
 
 
 def _draw_r3(source: Path, figs: Path, tables: Path) -> list[Path]:
-    from relax.moe.report import draw_r3
+    from analysis.r3_moe import draw_r3
 
     return draw_r3(source, figs, tables)
 
@@ -258,13 +250,13 @@ def _draw_algorithms(source: Path, figs: Path, tables: Path) -> list[Path]:
 
 
 def _draw_omni(source: Path, figs: Path, tables: Path) -> list[Path]:
-    from relax.omni.report import draw_omni
+    from analysis.omni import draw_omni
 
     return draw_omni(source, figs, tables)
 
 
 def _draw_recovery(source: Path, figs: Path, tables: Path) -> list[Path]:
-    from relax.fault.report import draw_recovery
+    from analysis.recovery import draw_recovery
 
     return draw_recovery(source, figs, tables)
 
@@ -312,17 +304,9 @@ def default_source() -> Path:
     return RESULTS if latest_runs(RESULTS) else REFERENCE
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--source", type=Path, default=None,
-                   help="results root to read (default: results/, or results/reference/ when it has no runs)")
-    p.add_argument("--dest", type=Path, default=RESULTS, help="where figures/ and tables/ go (default: results/)")
-    args = p.parse_args(argv)
+def main(args) -> int:
     source = args.source or default_source()
     print(f"reading runs under {source}")
-    for path in draw_all(source, args.dest):
+    for path in draw_all(source, args.dest or RESULTS):
         print(path)
-
-
-if __name__ == "__main__":
-    main()
+    return 0

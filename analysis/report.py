@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.results import SYSTEMS, find_runs, hardware, load_config, load_summary, published_metric, system_of
+from analysis.results import SYSTEMS, hardware, load_config, load_summary, published_metric, system_of
+from relax.run_folder import find_runs
 
 
 def _round(x, nd=3):
@@ -46,7 +47,7 @@ def report_table(paths: list[Path | str], against: str | None = None) -> pd.Data
     df = pd.DataFrame(rows)
     if against == "published" and rows:
         base_key, base = keys[0], summaries[0]
-        # Relax async beside veRL: the paper's vs-veRL run (125.6 s), else its modes table (128.6 s).
+        # Relax async beside veRL: the paper's vs-veRL run, else its modes table (two different step times).
         ctx = "verl" if "verl" in keys else base_key
         pub_step = [published_metric(k, "step_time", against=ctx) if k in SYSTEMS else None for k in keys]
         pub_sph = [published_metric(k, "steps_per_hour", against=ctx) if k in SYSTEMS else None for k in keys]
@@ -85,3 +86,15 @@ def format_table(df: pd.DataFrame, fmt: str = "markdown") -> str:
         notes.append("Published: Relax paper (arXiv 2604.11554), 16xH800, Qwen3-4B; measured: the hardware column. "
                      "Compare speed-ups, not absolute times.")
     return text + ("\n\n" + "\n".join(notes) if notes else "") + "\n"
+
+
+def main(args) -> int:
+    import sys
+
+    try:
+        table = report_table(args.runs, against=args.against)
+    except FileNotFoundError as err:
+        print(f"relax report: {err}", file=sys.stderr)
+        return 2
+    print(format_table(table, args.format), end="")
+    return 0

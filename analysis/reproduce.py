@@ -1,22 +1,19 @@
-"""`make reproduce-fig`: run every CPU-scale experiment, then draw every figure and table.
+"""`make reproduce-fig` (`relax reproduce`): run every CPU-scale experiment, then draw every figure and table.
 
-Runs, in order (each a `relax run` of the file with the overrides shown):
+Runs, in order (each a `relax run` of the file with the overrides shown, experiments/launch.py):
   relax colocate, async on-policy (max_staleness 0), async off-policy (max_staleness 1),
   veRL and OpenRLHF schedules EMULATED, and the staleness sweep's s = 2 and 4 (s = 0 and 1 are the
   on-policy and off-policy runs). Each run folder also gets host_load.json: the machine's load average
   before and after it, so numbers taken while something else used the cores can be told apart.
 
-Then the studies (STUDIES: R3 overhead and mismatch, ...), each its own module writing under results/<name>/.
+Then the studies (STUDIES: R3 overhead and mismatch, ...), each a `relax study NAME` writing under results/<name>/.
 
-`python -m analysis.reproduce [--steps N] [--only NAME ...] [--update-reference]`
+`relax reproduce [--steps N] [--only NAME ...] [--update-reference]`
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import shutil
 import time
 from pathlib import Path
 
@@ -33,18 +30,15 @@ EXPERIMENTS = [
     ("staleness-2", "experiments/async/cpu.yaml", ["profile=cpu-staleness2", "max_staleness=2"]),
     ("staleness-4", "experiments/async/cpu.yaml", ["profile=cpu-staleness4", "max_staleness=4"]),
 ]
-# Studies that are not one `relax run` (several runs, side-by-side measurements): (name, module argv). Each is
-# run as `python -m MODULE ARGS --out OUT` and writes under OUT/<name>/; its drawer is in analysis.figures.STUDIES.
+# Studies that are not one `relax run` (several runs, side-by-side measurements): (name, `relax` argv). Each is
+# run as `relax ARGV --out OUT` in its own process and writes under OUT/<name>/; its drawer is in
+# analysis.figures.STUDIES.
 STUDIES: list[tuple[str, list[str]]] = [
-    ("r3_moe", ["relax.moe.experiment"]),
-    ("algorithms", ["analysis.algorithms"]),  # GRPO, GSPO, SAPO, OPD, PPO + Critic from the same warm-up
-    ("omni", ["relax.omni.experiment"]),  # async vs colocate on the omni task (relax/omni/report.py draws it)
-    ("recovery", ["relax.fault.study"]),  # kills (spare / cold rollout, reference, actor), DCS bench, elastic phases
+    ("r3_moe", ["study", "r3_moe"]),
+    ("algorithms", ["study", "algorithms"]),  # GRPO, GSPO, SAPO, OPD, PPO + Critic from the same warm-up
+    ("omni", ["study", "omni"]),  # async vs colocate on the omni task (analysis/omni.py draws it)
+    ("recovery", ["study", "recovery"]),  # kills (spare / cold rollout, reference, actor), DCS bench, elastic phases
 ]
-# Files of a run kept in the committed reference set (trace.json only while small).
-REFERENCE_FILES = ["config.yaml", "metrics.jsonl", "summary.json", "host_load.json", "trace.json"]
-MAX_TRACE_BYTES = 400_000
-STUDY_SUFFIXES = {".json", ".jsonl", ".yaml", ".csv", ".md"}
 # Reference folders measured by a separate command (too CPU-heavy for reproduce-fig), kept by --update-reference:
 # smollm2/ = SmolLM2-135M-Instruct before/after GRPO (experiments/async/cpu-smollm2.yaml; see its README.md).
 KEPT_REFERENCE = {"smollm2"}
@@ -67,7 +61,7 @@ def run_studies(names: list[str] | None = None, out: Path = RESULTS) -> list[Pat
     for name, argv in STUDIES:
         if names and name not in names:
             continue
-        cmd = [sys.executable, "-m", *argv, "--out", str(out)]
+        cmd = [sys.executable, "-m", "relax.cli", *argv, "--out", str(out)]
         print(f"\n[study] {name}: {' '.join(cmd[1:])}", flush=True)
         t0 = time.time()
         rc = subprocess.run(cmd, cwd=ROOT).returncode
@@ -83,8 +77,8 @@ def run_studies(names: list[str] | None = None, out: Path = RESULTS) -> list[Pat
 
 
 def run_all(names: list[str] | None = None, steps: int | None = None, out: Path = RESULTS) -> list[Path]:
-    from relax.config import load_config
-    from relax.controller import run_experiment
+    from experiments import launch
+    from relax.run_folder import RunFolder
 
     unknown = set(names or []) - set(_names())
     if unknown:
@@ -92,21 +86,14 @@ def run_all(names: list[str] | None = None, steps: int | None = None, out: Path 
     todo = [e for e in EXPERIMENTS if not names or e[0] in names]
     t_all, done = time.time(), []
     for i, (name, path, overrides) in enumerate(todo, 1):
-        cfg = load_config(ROOT / path, overrides + ([f"steps={steps}"] if steps else []))
         elapsed = time.time() - t_all
         eta = f", about {_fmt(elapsed / (i - 1) * (len(todo) - i + 1))} left" if i > 1 else ""
         print(f"\n[{i}/{len(todo)}] {name}: relax run {path} {' '.join(overrides)}  "
               f"(elapsed {_fmt(elapsed)}{eta})", flush=True)
-        load_before = os.getloadavg()
-        t0 = time.time()
-        run_dir, summary = run_experiment(cfg, out=out)
-        (run_dir / "host_load.json").write_text(json.dumps({
-            "loadavg_before": [round(x, 2) for x in load_before],
-            "loadavg_after": [round(x, 2) for x in os.getloadavg()],
-            "cpus": os.cpu_count(), "wall_s": round(time.time() - t0, 1)}))
+        run_dir, summary = launch.run(ROOT / path, overrides, out=out, steps=steps, progress=True)
         print(f"    {run_dir}: {summary['mean_step_time_s']:.3f} s/step, {summary['steps_per_hour']:.0f} steps/h, "
               f"reward {summary['initial_reward']:.3f} -> {summary['final_reward']:.3f} "
-              f"({_fmt(time.time() - t0)})", flush=True)
+              f"({_fmt(RunFolder(run_dir).host_load()['wall_s'])})", flush=True)
         done.append(run_dir)
     print(f"\nall {len(todo)} runs in {_fmt(time.time() - t_all)}")
     return done
@@ -114,24 +101,15 @@ def run_all(names: list[str] | None = None, steps: int | None = None, out: Path 
 
 def update_reference(run_dirs: list[Path], out: Path = RESULTS, reference: Path = REFERENCE,
                      studies: list[Path] = ()) -> Path:
-    """Replace the committed reference set with these runs and studies (small files only)."""
-    if reference.exists():  # all but the hand-measured folders (KEPT_REFERENCE), which reproduce-fig does not redo
-        for child in reference.iterdir():
-            if child.name not in KEPT_REFERENCE:
-                shutil.rmtree(child) if child.is_dir() else child.unlink()
+    """Replace the committed reference set with these runs and studies (small files only: analysis/reference.py),
+    all but the hand-measured folders (KEPT_REFERENCE), which reproduce-fig does not redo."""
+    from analysis.reference import clear, copy_run, copy_study
+
+    clear(reference, keep=KEPT_REFERENCE)
     for study in studies:  # a study's own small files: results json, per-run metrics and summaries
-        for src in study.rglob("*"):
-            if src.is_file() and src.suffix in STUDY_SUFFIXES and src.stat().st_size <= MAX_TRACE_BYTES:
-                dest = reference / src.relative_to(out)
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(src, dest)
+        copy_study(study, reference / study.relative_to(out))
     for run in run_dirs:
-        dest = reference / run.relative_to(out)
-        dest.mkdir(parents=True)
-        for name in REFERENCE_FILES:
-            src = run / name
-            if src.exists() and not (name == "trace.json" and src.stat().st_size > MAX_TRACE_BYTES):
-                shutil.copy2(src, dest / name)
+        copy_run(run, reference / run.relative_to(out))
     _write_readme(run_dirs, out, reference)
     size = sum(p.stat().st_size for p in reference.rglob("*") if p.is_file())
     print(f"reference set: {len(run_dirs)} runs, {size / 1e6:.2f} MB in {reference}")
@@ -139,21 +117,15 @@ def update_reference(run_dirs: list[Path], out: Path = RESULTS, reference: Path 
 
 
 def _write_readme(run_dirs: list[Path], out: Path, reference: Path) -> None:
-    import subprocess
-
     from analysis.results import host_load, load_summary
+    from relax.run_folder import git_commit
 
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                text=True).stdout.strip()
-    except OSError:
-        commit = "?"
     lines = ["# Reference CPU-scale runs", "",
-             "One full `make reproduce-fig` (`python -m analysis.reproduce --update-reference`), kept so that",
+             "One full `make reproduce-fig` (`relax reproduce --update-reference`), kept so that",
              "`make figures` redraws every figure and table without rerunning (config.yaml, metrics.jsonl,",
              "summary.json, trace.json, host_load.json of each run; no weights).", "",
-             f"Taken {time.strftime('%Y-%m-%d %H:%M')} at commit {commit}. veRL and OpenRLHF are schedules EMULATED "
-             "in Relax (relax/schedules/), not those frameworks.", "",
+             f"Taken {time.strftime('%Y-%m-%d %H:%M')} at commit {git_commit(ROOT)}. veRL and OpenRLHF are schedules "
+             "EMULATED in Relax (relax/schedules/), not those frameworks.", "",
              "| run | steps | step time (s) | steps/hour | host load, 1-min avg (before -> after) |",
              "|---|---|---|---|---|"]
     for run in run_dirs:
@@ -165,15 +137,8 @@ def _write_readme(run_dirs: list[Path], out: Path, reference: Path) -> None:
     (reference / "README.md").write_text("\n".join(lines) + "\n")
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=None, help="override every experiment's step count")
-    p.add_argument("--only", nargs="+", metavar="NAME", help="run only these (names above)")
-    p.add_argument("--out", type=Path, default=RESULTS, help="results root (default: results/)")
-    p.add_argument("--update-reference", action="store_true",
-                   help="copy these runs to results/reference/ (the committed set `make figures` draws from)")
-    p.add_argument("--no-figures", action="store_true")
-    args = p.parse_args(argv)
+def main(args: argparse.Namespace) -> int:
+    args.out = args.out or RESULTS
     runs = run_all(args.only, args.steps, args.out)
     studies = run_studies(args.only, args.out)
     if args.update_reference:
@@ -184,7 +149,4 @@ def main(argv: list[str] | None = None) -> None:
     wanted = [n for n, _ in STUDIES if not args.only or n in args.only]
     if len(studies) < len(wanted):
         raise SystemExit(f"{len(wanted) - len(studies)} of {len(wanted)} studies failed (see above)")
-
-
-if __name__ == "__main__":
-    main()
+    return 0

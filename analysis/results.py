@@ -1,24 +1,23 @@
-"""Reading run folders (DESIGN.md section 7) into pandas tables for figures and reports.
+"""Run folders (read through relax/run_folder.py) as pandas tables for figures and reports.
 
-A run folder holds config.yaml, metrics.jsonl, trace.json and summary.json. Runs are classified into the
-systems the paper compares (relax colocate / async on-policy / async off-policy, veRL, OpenRLHF) from their
-summary (`mode`, `max_staleness`, `schedule`), so any run can be put beside the published numbers.
+Runs are classified into the systems the paper compares (relax colocate / async on-policy / async off-policy,
+veRL, OpenRLHF) from their summary (`mode`, `max_staleness`, `schedule`), so any run can be put beside the
+published numbers (analysis/published.py).
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
-import yaml
+
+from analysis import published
+from relax.run_folder import RunFolder, format_host_load, latest_runs, run_dirs
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results"
-PUBLISHED = RESULTS / "published" / "relax_paper.csv"
 REFERENCE = RESULTS / "reference"
-SKIP = {"published", "figures", "tables", "reference", "baselines"}
 PUBLISHED_HW = "16xH800 (published)"
 
 
@@ -55,43 +54,6 @@ def system_of(summary: dict) -> str:
     return "async_on_policy" if summary.get("max_staleness", 1) == 0 else "async_off_policy"
 
 
-def run_dirs(root: Path, only: list[Path] | None = None) -> list[Path]:
-    """Every complete run (has summary.json) at results/<experiment>/<profile>/<run>/ under root (restricted
-    to the folders in `only` when given)."""
-    root = Path(root)
-    runs = sorted(p.parent for p in root.glob("*/*/*/summary.json") if p.parts[len(root.parts)] not in SKIP)
-    if only is not None:
-        keep = {Path(o).resolve() for o in only}
-        runs = [r for r in runs if r.resolve() in keep]
-    return runs
-
-
-def find_runs(paths: list[Path | str]) -> list[Path]:
-    """Run folders named directly, or every run folder below the folders named (for `relax report`)."""
-    out: list[Path] = []
-    for p in map(Path, paths):
-        if (p / "summary.json").exists():
-            out.append(p)
-        elif p.is_dir():
-            found = sorted(q.parent for q in p.rglob("summary.json"))
-            if not found:
-                raise FileNotFoundError(f"{p}: no run folder (with summary.json) inside")
-            out += found
-        else:
-            raise FileNotFoundError(f"{p}: not a run folder (no summary.json)")
-    return list(dict.fromkeys(out))
-
-
-def latest_runs(root: Path, only: list[Path] | None = None) -> dict[tuple[str, str], Path]:
-    """The newest run of each (experiment, profile)."""
-    out: dict[tuple[str, str], Path] = {}
-    for d in run_dirs(root, only):
-        key = (d.parent.parent.name, d.parent.name)
-        if key not in out or d.name > out[key].name:
-            out[key] = d
-    return out
-
-
 def system_runs(root: Path, only: list[Path] | None = None) -> dict[str, Path]:
     """The newest run of each compared system (by its experiment/profile), in SYSTEMS order."""
     runs = latest_runs(root, only)
@@ -101,7 +63,10 @@ def system_runs(root: Path, only: list[Path] | None = None) -> dict[str, Path]:
 def staleness_runs(root: Path, only: list[Path] | None = None) -> dict[int, Path]:
     """The newest relax async run of the `async` experiment for each max_staleness (the staleness sweep)."""
     out: dict[int, Path] = {}
-    for d in run_dirs(root, only):
+    keep = None if only is None else {Path(o).resolve() for o in only}
+    for d in run_dirs(root):
+        if keep is not None and d.resolve() not in keep:
+            continue
         if d.parent.parent.name != "async":
             continue
         s = load_summary(d)
@@ -114,42 +79,28 @@ def staleness_runs(root: Path, only: list[Path] | None = None) -> dict[int, Path
 
 
 def load_summary(run: Path) -> dict:
-    return json.loads((Path(run) / "summary.json").read_text())
+    return RunFolder(run).summary()
 
 
 def load_config(run: Path) -> dict:
-    path = Path(run) / "config.yaml"
-    return yaml.safe_load(path.read_text()) if path.exists() else {}
+    return RunFolder(run).config()
 
 
 def load_metrics(run: Path) -> pd.DataFrame:
-    rows = [json.loads(line) for line in (Path(run) / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    df = pd.json_normalize(rows)
+    df = pd.json_normalize(RunFolder(run).metrics())
     df.columns = [c.replace("busy_s.", "busy_s/") for c in df.columns]
     return df
 
 
 def load_trace(run: Path) -> pd.DataFrame:
     """Spans of trace.json: role, name, step, start, end (seconds since the run's first step started)."""
-    path = Path(run) / "trace.json"
-    if not path.exists():
-        return pd.DataFrame(columns=["role", "name", "step", "start", "end"])
-    events = json.loads(path.read_text())["traceEvents"]
-    lanes = {e["tid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "thread_name"}
-    rows = [{"role": lanes.get(e["tid"], str(e["tid"])), "name": e["name"], "step": e.get("args", {}).get("step"),
-             "start": e["ts"] / 1e6, "end": (e["ts"] + e["dur"]) / 1e6}
-            for e in events if e.get("ph") == "X"]
-    return pd.DataFrame(rows, columns=["role", "name", "step", "start", "end"])
+    return pd.DataFrame(RunFolder(run).spans(), columns=["role", "name", "step", "start", "end"])
 
 
 def host_load(run: Path) -> str | None:
-    """The machine's 1-minute load average before -> after the run (written by analysis.reproduce), so a
+    """The machine's 1-minute load average before -> after the run (written by whoever timed it), so a
     number measured while other work shared the cores shows it."""
-    path = Path(run) / "host_load.json"
-    if not path.exists():
-        return None
-    h = json.loads(path.read_text())
-    return f"{h['loadavg_before'][0]:.1f} -> {h['loadavg_after'][0]:.1f} on {h['cpus']} cpus"
+    return format_host_load(RunFolder(run).host_load())
 
 
 def hardware(summary: dict, config: dict | None = None) -> str:
@@ -163,21 +114,11 @@ def hardware(summary: dict, config: dict | None = None) -> str:
     return f"{hw}, {model}"
 
 
-def published() -> pd.DataFrame:
-    return pd.read_csv(PUBLISHED)
-
-
-def published_value(experiment: str, system: str, mode: str, metric: str) -> float | None:
-    df = published()
-    hit = df[(df.experiment == experiment) & (df.system == system) & (df["mode"] == mode) & (df.metric == metric)]
-    return float(hit.value.iloc[0]) if len(hit) else None
-
-
 def published_metric(key: str, metric: str, against: str | None = None) -> float | None:
     """A system's published `metric`. Relax async compared with veRL uses the paper's vs-veRL run."""
     sys = SYSTEMS[key]
     if sys.published is None:
         return None
     if key == "async_off_policy" and against == "verl":
-        return published_value("vs_verl", "relax", "async", metric)
-    return published_value(*sys.published, metric)
+        return published.value("vs_verl", "relax", "async", metric)
+    return published.value(*sys.published, metric)

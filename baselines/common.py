@@ -10,11 +10,12 @@ import math
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
-
-import pandas as pd
+from typing import TYPE_CHECKING, Callable
 
 from relax.config import ExperimentConfig
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 # An H800 HGX node holds 8 GPUs; the paper's 16 GPUs are 2 such nodes.
 GPUS_PER_NODE = 8
@@ -124,6 +125,8 @@ def to_frame(steps: dict[int, dict[str, float]], schema: Callable[[dict[str, flo
              source: str) -> pd.DataFrame:
     """One row per logged step: SCHEMA_COLUMNS (`schema(metrics)` fills what it can; wall_time_s is the
     running sum of step_time_s), then every raw metric of that step under the framework's own name."""
+    import pandas as pd  # the `analysis` extra: `relax baseline --dry-run` runs without it
+
     if not steps:
         raise ValueError(f"{source}: no training-step metrics found")
     rows = []

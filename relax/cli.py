@@ -1,10 +1,17 @@
-"""`relax` command line: run experiments, warm up models, evaluate."""
+"""`relax` command line: run experiments, warm up models, evaluate, export, scale.
+
+The harness's commands (`relax report`, `relax baseline`, `relax study`, `relax figures`, `relax reproduce`,
+`relax bench`, ...) come from the `relax.commands` entry points (pyproject.toml): each is a function that adds
+its sub-command to the parser, so the engine never imports analysis/, baselines/ or experiments/.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from importlib.metadata import entry_points
+from pathlib import Path
 
 from relax.config import ConfigError, load_config
 
@@ -65,16 +72,35 @@ def cmd_export(args) -> int:
     return 0
 
 
-def cmd_report(args) -> int:
-    from analysis.report import format_table, report_table
+def cmd_evaluate(args) -> int:
+    import time
 
-    try:
-        table = report_table(args.runs, against=args.against)
-    except FileNotFoundError as err:
-        print(f"relax report: {err}", file=sys.stderr)
-        return 2
-    print(format_table(table, args.format), end="")
+    import torch
+
+    from relax.evaluate import evaluate_run
+
+    torch.set_num_threads(args.threads)
+    t0 = time.time()
+    res = {**evaluate_run(args.run_dir, args.sampled, args.eval_size), "seconds": round(time.time() - t0, 1)}
+    (args.run_dir / "eval.json").write_text(json.dumps(res, indent=2))
+    print(json.dumps(res))
     return 0
+
+
+def add_harness_commands(sub) -> None:
+    """The sub-commands other packages register under the `relax.commands` entry point group (one per name:
+    the first installation found on the path wins, as for an import)."""
+    seen = set()
+    for ep in entry_points(group="relax.commands"):
+        if ep.name in seen:
+            continue
+        seen.add(ep.name)
+        try:
+            register = ep.load()
+        except ImportError as err:  # e.g. installed without the harness's own dependencies
+            print(f"relax: command {ep.name!r} unavailable: {err}", file=sys.stderr)
+            continue
+        register(sub)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -114,16 +140,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     register_scale(sub)
 
-    rep = sub.add_parser("report", help="a table of runs (steps/hour, step time, reward, accuracy, staleness), "
-                         "optionally against the paper's published numbers")
-    rep.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folders, or folders holding run folders")
-    rep.add_argument("--against", choices=["published"], help="add the published numbers and speed-ups")
-    rep.add_argument("--format", choices=["markdown", "csv"], default="markdown")
-    rep.set_defaults(func=cmd_report)
+    ev = sub.add_parser("evaluate", help="held-out accuracy of a run's warm-up start and final weights "
+                        "(writes RUN_DIR/eval.json)")
+    ev.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    ev.add_argument("--sampled", action="store_true", help="also the sampled reward (4 samples per prompt)")
+    ev.add_argument("--eval-size", type=int, default=None, help="eval prompts (default: the run's task.eval_size)")
+    ev.add_argument("--threads", type=int, default=1)
+    ev.set_defaults(func=cmd_evaluate)
 
-    from baselines.cli import register as register_baseline
-
-    register_baseline(sub)
+    add_harness_commands(sub)
     return p
 
 

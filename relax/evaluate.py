@@ -64,26 +64,3 @@ def evaluate_run(run_dir, sampled: bool = False, eval_size: int | None = None) -
         out.update(eval_reward_start=sampled_reward(cfg, start), eval_reward_end=sampled_reward(cfg, final))
     return out
 
-
-def main(argv: list[str] | None = None) -> None:
-    import argparse
-    import json
-    import time
-    from pathlib import Path
-
-    ap = argparse.ArgumentParser(description="`python -m relax.evaluate RUN_DIR`: held-out accuracy of a run's "
-                                             "warm-up start and final weights; writes RUN_DIR/eval.json")
-    ap.add_argument("run_dir", type=Path)
-    ap.add_argument("--sampled", action="store_true", help="also the sampled reward (4 samples per prompt)")
-    ap.add_argument("--eval-size", type=int, default=None, help="eval prompts (default: the run's task.eval_size)")
-    ap.add_argument("--threads", type=int, default=1)
-    args = ap.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    t0 = time.time()
-    res = {**evaluate_run(args.run_dir, args.sampled, args.eval_size), "seconds": round(time.time() - t0, 1)}
-    (args.run_dir / "eval.json").write_text(json.dumps(res, indent=2))
-    print(json.dumps(res))
-
-
-if __name__ == "__main__":
-    main()

@@ -1,4 +1,4 @@
-"""The algorithm-comparison study (analysis/algorithms.py): its configs are valid, and its drawer turns a study
+"""The algorithm-comparison study (experiments/algorithms/study.py, drawn by analysis/algorithms.py): its configs are valid, and its drawer turns a study
 folder into the table and figure (no runs here: a small study folder is written by hand)."""
 
 import csv
@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from analysis.algorithms import ALGORITHMS, END_STEPS, START_STEPS, draw_algorithms, reward_window
+from analysis.algorithms import END_STEPS, START_STEPS, draw_algorithms, reward_window
 from analysis.reproduce import STUDIES
+from experiments.algorithms.study import ALGORITHMS
 from relax.algorithms import check_config
 from relax.config import load_config
 from relax.schedules import role_names
@@ -26,7 +27,7 @@ def test_every_algorithm_config_is_valid(name, tmp_path):
 
 
 def test_study_is_wired_into_reproduce():
-    assert ("algorithms", ["analysis.algorithms"]) in STUDIES
+    assert ("algorithms", ["study", "algorithms"]) in STUDIES
 
 
 def test_reward_window():

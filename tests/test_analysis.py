@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 
 from analysis import critical_path, figures, report
-from analysis.results import find_runs, staleness_runs, system_of, system_runs
+from analysis.results import staleness_runs, system_of, system_runs
+from relax.run_folder import find_runs
 from relax.schedules import spans as S
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "analysis"
@@ -130,7 +131,9 @@ def test_figures_cli_redraws_from_a_copy(tmp_path):
     # A run without a trace still gets every other figure.
     for trace in src.glob("async/cpu-verl/*/trace.json"):
         trace.unlink()
-    figures.main(["--source", str(src), "--dest", str(tmp_path / "out")])
+    from relax.cli import main
+
+    assert main(["figures", "--source", str(src), "--dest", str(tmp_path / "out")]) == 0
     assert (tmp_path / "out" / "figures" / "systems_step_time.png").exists()
     cp = pd.read_csv(tmp_path / "out" / "tables" / "critical_path.csv")
     assert "veRL (emulated)" not in set(cp.system)
@@ -138,7 +141,7 @@ def test_figures_cli_redraws_from_a_copy(tmp_path):
 
 
 def test_update_reference_copies_small_files_only(tmp_path):
-    from analysis import reproduce
+    from analysis import reference, reproduce
 
     out, ref = tmp_path / "results", tmp_path / "results" / "reference"
     run = out / "async" / "cpu" / "r1"
@@ -146,10 +149,10 @@ def test_update_reference_copies_small_files_only(tmp_path):
     (run / "final_weights.safetensors").write_bytes(b"\0" * 1000)
     big = out / "async" / "cpu-verl" / "r2"
     shutil.copytree(FIXTURE / "async" / "cpu-verl" / "fixture", big)
-    (big / "trace.json").write_text(" " * (reproduce.MAX_TRACE_BYTES + 1))
+    (big / "trace.json").write_text(" " * (reference.MAX_FILE_BYTES + 1))
     reproduce.update_reference([run, big], out, ref)
     assert sorted(p.name for p in (ref / "async/cpu/r1").iterdir()) == sorted(
-        n for n in reproduce.REFERENCE_FILES if (run / n).exists())
+        n for n in reference.RUN_FILES if (run / n).exists())
     assert not (ref / "async/cpu-verl/r2/trace.json").exists()  # too big: figures without its Gantt panel
     assert (ref / "async/cpu-verl/r2/summary.json").exists()
     assert [e[0] for e in reproduce.EXPERIMENTS] == ["colocate", "async-on-policy", "async-off-policy",

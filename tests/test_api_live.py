@@ -36,7 +36,7 @@ def scale(run_dir: Path, *args: str) -> dict:
 
 
 def test_scale_out_then_in_during_a_live_run_the_serving_engines_follow_the_replica_count(tmp_path):
-    from relax.api.elastic import run_phases
+    from experiments.recovery.elastic import run_phases
 
     steps = 40
     env = {**os.environ, "RELAX_CACHE": os.environ.get("RELAX_CACHE", "/tmp/relax-cache"), "RAY_AUTH_MODE": "disabled"}

@@ -189,7 +189,7 @@ def _fake_run(run_dir: Path) -> None:
 
 
 def test_recovery_report_separates_detect_ready_serving_and_throughput(tmp_path):
-    from relax.fault.report import draw_recovery, table
+    from analysis.recovery import draw_recovery, table
 
     _fake_run(tmp_path / "run")
     (row,) = table(tmp_path / "run")

@@ -330,9 +330,9 @@ def test_verl_emulated_trainer_replays_the_routing_in_its_old_log_prob_forward(t
 
 
 def test_flip_decomposition_locates_routing_flips_by_token():
-    """relax.moe.experiment.flips/decomposition: which response tokens a routing flip touches, and the share of
+    """experiments.r3_moe.study.flips/decomposition: which response tokens a routing flip touches, and the share of
     the gap on them (hand-built records: no model)."""
-    from relax.moe.experiment import decomposition, flips
+    from experiments.r3_moe.study import decomposition, flips
 
     P, R, layers = 3, 3, 2
     rec = torch.tensor([[[0, 1], [2, 3]]] * (P + R), dtype=torch.uint8)  # [T, layers, k]
@@ -365,17 +365,17 @@ def test_flip_decomposition_locates_routing_flips_by_token():
     out = decomposition(flips(own, rows, gates), d_off, d_on)
     assert out["swapped_gate_mean"] == pytest.approx((0.3 + 0.1) / 2)
     # The paired bootstrap interval of the reduction: every row cut by half -> 50% whatever the resample.
-    from relax.moe.experiment import reduction_ci
+    from experiments.r3_moe.study import reduction_ci
 
     ci = reduction_ci([torch.tensor([0.2, -0.4]), torch.tensor([0.1])], [torch.tensor([0.1, -0.2]), torch.tensor([0.05])])
     assert ci["mean_abs"] == pytest.approx([50.0, 50.0])
 
 
 def test_mismatch_study_measures_each_trainer_precision_on_the_same_rows():
-    """relax.moe.experiment.mismatch on a tiny config (strongly routed random weights, 16 rows): the config's
+    """experiments.r3_moe.study.mismatch on a tiny config (strongly routed random weights, 16 rows): the config's
     bf16 trainer and, beside it, fp32 and bf16-weights trainers, each R3 off/on on the same engine rows."""
     from relax.config import load_config
-    from relax.moe.experiment import TRAINERS, mismatch
+    from experiments.r3_moe.study import TRAINERS, mismatch
 
     cfg = load_config("experiments/r3_moe/cpu.yaml", [
         f"model.{k}={v}" for k, v in MC.model_dump().items() if k in (
@@ -396,11 +396,11 @@ def test_mismatch_study_measures_each_trainer_precision_on_the_same_rows():
 
 
 def test_update_reference_copies_the_study_and_records_its_load(tmp_path):
-    """relax.moe.experiment --update-reference: r3_results.json, the runs' small files, a README with the command,
+    """relax study r3_moe --update-reference: r3_results.json, the runs' small files, a README with the command,
     commit, start and load average (what the lead needs to re-run it)."""
     import json
 
-    from relax.moe.experiment import update_reference
+    from experiments.r3_moe.study import update_reference
 
     run = tmp_path / "out" / "r3_moe" / "cpu" / "relax-r3off-1"
     run.mkdir(parents=True)
@@ -431,7 +431,7 @@ def test_study_variants_parse_into_valid_configs():
     import shlex
 
     from relax.config import load_config
-    from relax.moe.experiment import SHAPES, SHORT_ANSWERS, VARIANTS
+    from experiments.r3_moe.study import SHAPES, SHORT_ANSWERS, VARIANTS
 
     base = load_config("experiments/r3_moe/cpu.yaml")
     assert base.task.name == "caesar_cipher" and base.rollout.max_new_tokens >= 44

@@ -150,12 +150,9 @@ def test_dapo_math_bad_input(tmp_path):
 
 
 def test_dapo_math_parquet_without_pyarrow_says_what_to_install(tmp_path, monkeypatch):
-    import pandas as pd
+    import sys
 
-    def no_engine(path):
-        raise ImportError("Unable to find a usable engine")
-
-    monkeypatch.setattr(pd, "read_parquet", no_engine)
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)  # `import pyarrow.parquet` raises ImportError
     (tmp_path / "dapo.parquet").write_bytes(b"")
     with pytest.raises(ValueError, match="task.params.path: reading parquet needs pyarrow"):
         make_task(TaskConfig(name="dapo_math", params={"path": str(tmp_path / "dapo.parquet")}, reward="exact"), 0, "train")

@@ -19,10 +19,12 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from baselines.common import to_frame
+
+if TYPE_CHECKING:  # pandas (the `analysis` extra) is imported by to_frame, once a log is parsed
+    import pandas as pd
 
 _LINE = re.compile(r"Global step (\d+): \{(.*)\}\s*$")
 _ITEM = re.compile(r"'([^']+)':\s*(?:[\w.]+\()?([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+|nan|inf))")

@@ -18,10 +18,12 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from baselines.common import to_frame
+
+if TYPE_CHECKING:  # pandas (the `analysis` extra) is imported by to_frame, once a log is parsed
+    import pandas as pd
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _LINE = re.compile(r"(?:^|[\s)])step:(\d+) - (.*)$")

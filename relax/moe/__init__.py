@@ -8,7 +8,8 @@
 - `replay`: a context manager that patches the Qwen3-MoE routers of a model so the trainer's forward uses
   the recorded expert sets, with gate weights from its own router logits renormalised over the set
   (g_i = I_i exp(s_i) / sum_j I_j exp(s_j)): the router still gets gradients.
-- `report`: the R3 table and figure (`draw_r3`); `experiment`: the overhead / mismatch measurements.
+The R3 study (overhead / mismatch measurements) is experiments/r3_moe/study.py; its table and figure
+analysis/r3_moe.py.
 """
 
 from relax.moe.capture import NOT_ROUTED, RoutingCapture, moe_routers, route_dtype

@@ -18,7 +18,8 @@ from relax.tasks.base import Row
 
 
 def _plain(x: Any) -> Any:
-    """Parquet cells come back as numpy arrays and scalars; make them JSON types."""
+    """Parquet cells as JSON types (numpy arrays and scalars, where a reader returns them, become lists and
+    Python scalars)."""
     if isinstance(x, dict):
         return {k: _plain(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
@@ -30,13 +31,11 @@ def _read(path: Path) -> list[dict]:
     if not path.is_file():
         raise ValueError(f"task.params.path: no such file {str(path)!r}")
     if path.suffix == ".parquet":
-        import pandas as pd
-
         try:
-            frame = pd.read_parquet(path)
+            import pyarrow.parquet as pq
         except ImportError as err:
             raise ValueError(f"task.params.path: reading parquet needs pyarrow (pip install pyarrow): {err}") from err
-        return [_plain(r) for r in frame.to_dict("records")]
+        return [_plain(r) for r in pq.read_table(path).to_pylist()]
     if path.suffix in (".jsonl", ".json"):
         rows = []
         for n, line in enumerate(path.read_text().splitlines(), 1):

@@ -1,11 +1,11 @@
 """Benchmark: DCS weight-sync bandwidth against the raw loopback bandwidth of the same collective.
 
-    .venv/bin/python -m relax.weights.dcs_bench --mb 256 --bucket-mb 16 64 256 --repeat 5
-    .venv/bin/python -m relax.weights.dcs_bench --mb 1.6 --bucket-mb 64 --groups reused fresh   # the tiny model
+    relax bench dcs --mb 256 --bucket-mb 16 64 256 --repeat 5
+    relax bench dcs --mb 1.6 --bucket-mb 64 --groups reused fresh   # the tiny model
 
 raw: two plain processes, one gloo `broadcast` of the whole payload into a warm buffer (the ceiling).
-dcs: a Ray session with the coordinator; a publisher actor publishes a synthetic model of `--mb` MB
-(`--tensors` tensors) and a receiver actor pulls every version through the DCS. Reported per bucket size:
+dcs: a Ray session (relax.cluster.RaySession) with the coordinator; a publisher actor publishes a synthetic
+model of `--mb` MB (`--tensors` tensors) and a receiver actor pulls every version through the DCS. Reported per bucket size:
 `transfer` (session accepted -> every bucket received, as the receiver saw it), `sync` (the receiver's whole
 `sync` call: request, pairing, transfer, copy into its own parameters) and `publish` (the publisher's stall:
 copy into the staging + announce). Effective bandwidth = payload bytes / seconds, from the best of the repeats
@@ -25,15 +25,15 @@ import argparse
 import json
 import multiprocessing as mp
 import os
-import shutil
 import statistics
-import sys
 import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
 
 import torch
+
+from relax.run_folder import HostLoad
 
 
 def _raw_worker(rank: int, port: int, numel: int, repeat: int, q) -> None:
@@ -156,8 +156,7 @@ def dcs_bench(total_bytes: int, n: int, bucket_mb: float, repeat: int, reuse: bo
     return rows[1:]  # the first transfer allocates the receiver's staging (first touch)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--mb", type=float, default=256)
     ap.add_argument("--tensors", type=int, default=32)
     ap.add_argument("--bucket-mb", type=float, nargs="+", default=[16, 64, 256])
@@ -165,32 +164,28 @@ def main(argv=None) -> int:
     ap.add_argument("--groups", nargs="+", choices=["reused", "fresh"], default=["reused"],
                     help="process groups reused per pair (default) and/or made per transfer")
     ap.add_argument("--out", default=None)
-    args = ap.parse_args(argv)
+
+
+def main(args: argparse.Namespace) -> int:
+    from relax.cluster import RaySession
+
     nbytes = int(args.mb * 2**20)
-    load = os.getloadavg()[0]
+    host = HostLoad().__enter__()
 
     raw = raw_broadcast(nbytes, args.repeat)
     result = {"payload_mb": args.mb, "tensors": args.tensors, "repeat": args.repeat, "cpus": os.cpu_count(),
-              "load_avg_1m_before": round(load, 2), "torch": torch.__version__, "dcs": []}
+              "load_avg_1m_before": host.record["loadavg_before"][0], "torch": torch.__version__, "dcs": []}
     with tempfile.TemporaryDirectory(prefix="relax-dcs-bench-", dir=".") as d:
         result["disk_reload"] = disk_reload(nbytes, args.tensors, args.repeat, Path(d))
     for mode in ("warm", "cold"):
         s = result["disk_reload"][mode]["median_s"]
         print(f"disk reload ({mode} page cache) {args.mb:g} MB: {s:.3f} s, {nbytes / s / 1e9:.2f} GB/s")
 
-    import ray
-
-    tmp = tempfile.mkdtemp(prefix="relax-dcs-bench-", dir="/tmp")
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(num_cpus=4, include_dashboard=False, _temp_dir=tmp, logging_level="WARNING")
-    try:
+    with RaySession(num_cpus=4):
         for groups in args.groups:
             for bmb in args.bucket_mb:
                 rows = dcs_bench(nbytes, args.tensors, bmb, args.repeat, reuse=groups == "reused")
                 result["dcs"].append({"bucket_mb": bmb, "groups": groups, "all": rows})
-    finally:
-        ray.shutdown()
-        shutil.rmtree(tmp, ignore_errors=True)
     raw += raw_broadcast(nbytes, args.repeat)
     raw_s = min(raw)
     result["raw_broadcast"] = {"best_s": raw_s, "median_s": statistics.median(raw), "gb_per_s": nbytes / raw_s / 1e9,
@@ -209,13 +204,10 @@ def main(argv=None) -> int:
               f"({100 * entry['sync_vs_raw']:.0f}%), transfer {1000 * best['transfer_s']:.1f} ms, "
               f"publisher stall {1000 * best['publish_s']:.0f} ms; "
               f"sync {best['sync_s']:.3f} s vs disk reload {result['disk_reload']['cold']['median_s']:.3f} s cold")
-    result["load_avg_1m_after"] = round(os.getloadavg()[0], 2)
+    host.__exit__(None, None, None)
+    result["load_avg_1m_after"] = host.record["loadavg_after"][0]
     out = Path(args.out or f"results/dcs_bench/{time.strftime('%Y%m%d-%H%M%S')}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
     print(f"load average {result['load_avg_1m_before']} -> {result['load_avg_1m_after']}; wrote {out}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,14 +1,15 @@
 """The omni study: async against colocate on the omni task, through the engine (Ray roles + bus).
 
-    python -m relax.omni.experiment [--config experiments/omni/cpu.yaml] [--steps N] [--out results] [k=v ...]
+    relax study omni [--config experiments/omni/cpu.yaml] [--steps N] [--out results] [k=v ...]
 
-One supervised warm-up (cached), then one `relax run` per mode, one after the other on the same machine:
-async (off-policy, the config's max_staleness) and colocate (`mode=colocate`, staleness 0, the rollout engine
-asleep while the Actor trains). Writes the two runs under OUT/omni/cpu/ and OUT/omni/omni_results.json: per mode
-the step time, wall time, training reward (mean of the first and of the last quarter of the steps) and the
-reward-per-step series, held-out accuracy before/after, the host load average around each run; and the
-async/colocate step-time ratio beside the published 2.00x (Qwen3-Omni-30B-A3B, 16 GPUs) and reward 0.72 -> 0.93.
-`relax.omni.report.draw_omni` turns it into results/tables/omni.{md,csv} and results/figures/omni.png.
+One supervised warm-up (cached), then one `relax run` per mode (experiments/launch.py), one after the other on
+the same machine: async (off-policy, the config's max_staleness) and colocate (`mode=colocate`, staleness 0,
+the rollout engine asleep while the Actor trains). Writes the two runs under OUT/omni/cpu/ and
+OUT/omni/omni_results.json: per mode the step time, wall time, training reward (mean of the first and of the
+last quarter of the steps) and the reward-per-step series, held-out accuracy before/after, the host load
+around each run; and the async/colocate step-time ratio beside the published one (Qwen3-Omni-30B-A3B, 16 GPUs)
+and the published reward start and end (analysis/published.py). `analysis.omni.draw_omni` turns it into
+results/tables/omni.{md,csv} and results/figures/omni.png.
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ import argparse
 import json
 import os
 import platform
-import subprocess
-import sys
 import time
 from pathlib import Path
 
+from analysis import published
+from experiments import launch
 from relax.config import load_config
+from relax.run_folder import RunFolder
 
 RESULTS_FILE = "omni_results.json"
 MODES = ("async", "colocate")
@@ -35,22 +37,11 @@ def quarter_means(values: list[float]) -> tuple[float, float]:
 
 def run_mode(config: str, mode: str, out: Path, steps: int | None, overrides: list[str]) -> dict:
     name = f"{mode}-{time.strftime('%Y%m%d-%H%M%S')}"
-    cmd = [sys.executable, "-m", "relax.cli", "run", config, *overrides, f"mode={mode}", "--out", str(out),
-           "--run", name, "--no-progress", *(["--steps", str(steps)] if steps else [])]
     cfg = load_config(config, [*overrides, f"mode={mode}"])
-    load_before = os.getloadavg()
-    t0 = time.time()
-    log = out / f".omni-{name}.log"
-    with open(log, "w") as f:
-        if subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT).returncode != 0:
-            raise RuntimeError(f"omni {mode} run failed; see {log}")
-    run_dir = out / cfg.name / cfg.profile / name
-    host = {"loadavg_before": [round(x, 2) for x in load_before],
-            "loadavg_after": [round(x, 2) for x in os.getloadavg()], "cpus": os.cpu_count(),
-            "wall_s": round(time.time() - t0, 1)}
-    (run_dir / "host_load.json").write_text(json.dumps(host))
-    summary = json.loads((run_dir / "summary.json").read_text())
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    run_dir, summary = launch.run(config, [*overrides, f"mode={mode}"], out=out, run=name, steps=steps)
+    run = RunFolder(run_dir)
+    host = run.host_load()
+    rows = run.metrics()
     rewards = [r["reward_mean"] for r in rows]
     start, end = quarter_means(rewards)
     return {
@@ -69,7 +60,7 @@ def run_mode(config: str, mode: str, out: Path, steps: int | None, overrides: li
 
 def write_readme(res: dict, path: Path) -> None:
     """A short Markdown summary beside omni_results.json (kept with the reference results)."""
-    lines = ["# Omni study (python -m relax.omni.experiment)", "",
+    lines = ["# Omni study (relax study omni)", "",
              f"Config {res['config']} {' '.join(res['overrides'])}; runs one after the other on a "
              f"{os.cpu_count()}-core CPU.", "",
              "| mode | run | step time (s) | training reward first -> last quarter | 1-min load before -> after |",
@@ -78,19 +69,20 @@ def write_readme(res: dict, path: Path) -> None:
         h = m["host_load"]
         lines.append(f"| {mode} | {m['run']} | {m['mean_step_time_s']} | {m['reward_start']} -> {m['reward_end']} | "
                      f"{h['loadavg_before'][0]} -> {h['loadavg_after'][0]} |")
-    lines += ["", f"async speed-up vs colocate: {res['speedup_async_vs_colocate']}x (published 2.00x, "
-              "Qwen3-Omni-30B-A3B, 16 GPUs). A load above the core count means other work shared the cores while a "
-              "run was timed."]
+    lines += ["", f"async speed-up vs colocate: {res['speedup_async_vs_colocate']}x (published "
+              f"{res['published']['speedup_async_vs_colocate']:.2f}x, Qwen3-Omni-30B-A3B, 16 GPUs). A load above the "
+              "core count means other work shared the cores while a run was timed."]
     path.write_text("\n".join(lines) + "\n")
 
 
-def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default="experiments/omni/cpu.yaml")
     p.add_argument("--steps", type=int, default=None, help="RL steps of each run (default: the config's)")
     p.add_argument("--out", type=Path, default=Path("results"))
     p.add_argument("overrides", nargs="*", help="dotted key=value config overrides (both modes)")
-    a = p.parse_args(argv)
+
+
+def main(a: argparse.Namespace) -> int:
     from relax.models.warmup import warmup_state
 
     cfg = load_config(a.config, a.overrides)
@@ -102,9 +94,12 @@ def main(argv: list[str] | None = None) -> dict:
                  "environment": {"cpus": os.cpu_count(), "python": platform.python_version(),
                                  "machine": platform.machine(),
                                  "note": "2-core CPU, no GPU; the runs are one after the other on the same machine"},
-                 "published": {"speedup_async_vs_colocate": 2.00, "reward_start": 0.72, "reward_end": 0.93,
+                 "published": {"speedup_async_vs_colocate": published.value("omni_modes", "relax", "async_off_policy",
+                                                                            "speedup_vs_colocate"),
+                               "reward_start": published.value("omni_convergence", "relax", "async", "reward_start"),
+                               "reward_end": published.value("omni_convergence", "relax", "async", "reward_end"),
                                "model": "Qwen3-Omni-30B-A3B", "hardware": "16 GPUs",
-                               "source": "arXiv 2604.11554 (results/published/relax_paper.csv)"},
+                               "source": f"{published.PAPER} (results/published/relax_paper.csv)"},
                  "modes": {}}
     path = a.out / cfg.name / RESULTS_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -121,8 +116,4 @@ def main(argv: list[str] | None = None) -> dict:
     path.write_text(json.dumps(res, indent=1))
     write_readme(res, path.parent / "README.md")
     print(json.dumps({k: res[k] for k in ("speedup_async_vs_colocate", "reward_rises")}), flush=True)
-    return res
-
-
-if __name__ == "__main__":
-    main()
+    return 0

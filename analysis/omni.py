@@ -1,22 +1,21 @@
 """The omni study's table and figure: async vs colocate on the omni task, beside the published numbers.
 
 `draw_omni(results_root, figures_dir, tables_dir)` reads `<results_root>/omni/omni_results.json` (written by
-`python -m relax.omni.experiment`) and writes `tables_dir/omni.{csv,md}` and `figures_dir/omni.png` (reward
+`relax study omni`, experiments/omni/study.py) and writes `tables_dir/omni.{csv,md}` and `figures_dir/omni.png` (reward
 against step and against wall time per mode; step time by mode with the measured and published ratios); it
 returns the paths written ([] when there are no omni results). Published: Relax paper (arXiv 2604.11554),
-Qwen3-Omni-30B-A3B on 16 GPUs, from `results/published/relax_paper.csv`.
+Qwen3-Omni-30B-A3B on 16 GPUs, from `results/published/relax_paper.csv` (analysis/published.py).
 """
 
 from __future__ import annotations
 
-import csv
 import json
 from pathlib import Path
 
-from relax.metrics.tables import write_rows
+from analysis import published
+from analysis.tables import write_table
 
 RESULTS_FILE = "omni_results.json"
-REPO_PUBLISHED = Path(__file__).resolve().parents[2] / "results" / "published" / "relax_paper.csv"
 NOTE = ("Measured: tiny omni model (tiny Qwen3 + vision / audio encoders, {model}) on digit_sum (real handwritten "
         "digit images; DTMF tones, synthesized, not speech; PyAV-muxed videos) through the engine's Ray roles and "
         "TransferQueue bus, on a 2-core CPU shared with other jobs (1-min load average {load}); the two runs are one "
@@ -25,16 +24,10 @@ NOTE = ("Measured: tiny omni model (tiny Qwen3 + vision / audio encoders, {model
         "Qwen3-Omni-30B-A3B on 16 GPUs. Compare the ratio, not absolute times.")
 
 
-def published(results_root: Path) -> dict[tuple[str, str, str], float]:
-    path = Path(results_root) / "published" / "relax_paper.csv"
-    path = path if path.exists() else REPO_PUBLISHED
-    out = {}
-    if path.exists():
-        with open(path) as f:
-            for row in csv.DictReader(f):
-                if row["experiment"].startswith("omni"):
-                    out[(row["experiment"], row["mode"], row["metric"])] = float(row["value"])
-    return out
+def published_omni() -> dict[tuple[str, str, str], float]:
+    """The paper's omni numbers by (experiment, mode, metric)."""
+    return {(r["experiment"], r["mode"], r["metric"]): r["value"] for r in published.rows()
+            if r["experiment"].startswith("omni")}
 
 
 def omni_rows(res: dict, pub: dict) -> list[dict]:
@@ -126,9 +119,9 @@ def draw_omni(results_root, figures_dir, tables_dir) -> list[Path]:
     res = json.loads(src.read_text())
     if not res.get("modes"):
         return []
-    pub = published(Path(results_root))
+    pub = published_omni()
     rows = omni_rows(res, pub)
     tables_dir, figures_dir = Path(tables_dir), Path(figures_dir)
-    tables = write_rows(rows, ["metric", "measured", "published", "unit"], tables_dir, "omni",
-                        "Omni: async vs colocate on the omni task (through the engine)", _note(res))
+    tables = write_table(rows, tables_dir, "omni", "Omni: async vs colocate on the omni task (through the engine)",
+                         _note(res), columns=["metric", "measured", "published", "unit"])
     return [*tables, plot_omni(res, pub, figures_dir / "omni.png")]

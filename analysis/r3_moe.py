@@ -1,21 +1,20 @@
-"""The R3 table and figure, beside the paper's published 1.9% (Relax) / 32% (veRL) overhead and 38% mismatch cut.
+"""The R3 table and figure, beside the paper's published step-time overheads (Relax, veRL) and mismatch cut.
 
 `draw_r3(results_root, figures_dir, tables_dir)` reads `<results_root>/r3_moe/r3_results.json` (written by
-`python -m relax.moe.experiment`) and writes `tables_dir/r3_moe.{csv,md}` and `figures_dir/r3_moe.png`;
-it returns the paths written ([] when there are no R3 results). Published numbers come from
-`<results_root>/published/relax_paper.csv` (else the repository's copy).
+`relax study r3_moe`, experiments/r3_moe/study.py) and writes `tables_dir/r3_moe.{csv,md}` and
+`figures_dir/r3_moe.png`; it returns the paths written ([] when there are no R3 results). Published numbers
+come from results/published/relax_paper.csv (analysis/published.py).
 """
 
 from __future__ import annotations
 
-import csv
 import json
 from pathlib import Path
 
-from relax.metrics.tables import write_rows
+from analysis import published
+from analysis.tables import write_table
 
 RESULTS_FILE = "r3_results.json"
-REPO_PUBLISHED = Path(__file__).resolve().parents[2] / "results" / "published" / "relax_paper.csv"
 NOTE = ("Measured: tiny Qwen3-MoE ({model}) on a 2-core CPU shared with other jobs (load average {load}), rollout "
         "engine bf16, trainer {precision}. Side-by-side overheads: R3 off and on alternate unit by unit on the same inputs "
         "and seeds, timed in thread CPU time (wall time beside it); they carry a few % of noise from the load. "
@@ -24,7 +23,7 @@ NOTE = ("Measured: tiny Qwen3-MoE ({model}) on a 2-core CPU shared with other jo
         "paper (arXiv 2604.11554), Qwen3-30B-A3B on 16xH800. Compare ratios, not absolute times. "
         "veRL (emulated): veRL's one-step-off-policy dataflow run with our kernels, our uint8 bus field and our "
         "replay; its R3 cost here is only the schedule's own extra work (the old-log-prob and reference forwards "
-        "replay on the trainer's critical path). veRL's published 32% also pays for its data path, which the "
+        "replay on the trainer's critical path). veRL's published {verl_pub} also pays for its data path, which the "
         "emulation does not reproduce: routed experts travel as a dense padded [batch, max prompt + response, "
         "layers, k] tensor through the single-controller driver and are broadcast to the workers (the transfer "
         "volume reported in verl issue #6211). Mismatch: R3 removes the routing flips' share of the engine-vs-trainer "
@@ -38,26 +37,20 @@ NOTE = ("Measured: tiny Qwen3-MoE ({model}) on a 2-core CPU shared with other jo
 TRAINER_LABEL = {"fp32": "fp32", "bf16": "bf16 autocast", "bf16_weights": "bf16 weights (same CPU kernels as the engine)"}
 
 
-def _note(res: dict) -> str:
+def _note(res: dict, pub: dict) -> str:
     m = res.get("model") or {}
     model = (f"{m.get('num_layers')} MoE layers, {m.get('num_experts')} experts, top-{m.get('experts_per_token')}, "
              f"hidden {m.get('hidden_size')}") if m else "see the config"
     load = (res.get("overhead") or {}).get("load_before") or res.get("load_start") or ["?"]
     prec = ((res.get("mismatch") or {}).get("warmup") or {}).get("trainer_precision", "fp32")
     prec = {"fp32": "fp32", "bf16": "bf16 mixed precision (autocast, fp32 master weights)"}.get(prec, prec)
-    return NOTE.format(model=model, load=load[0], precision=prec)
+    verl = pub.get(("verl", "r3_step_time_overhead"))
+    return NOTE.format(model=model, load=load[0], precision=prec, verl_pub="?" if verl is None else f"{verl:g}%")
 
 
-def published(results_root: Path) -> dict[tuple[str, str], float]:
-    path = Path(results_root) / "published" / "relax_paper.csv"
-    path = path if path.exists() else REPO_PUBLISHED
-    out = {}
-    if path.exists():
-        with open(path) as f:
-            for row in csv.DictReader(f):
-                if row["experiment"] == "r3_moe":
-                    out[(row["system"], row["metric"])] = float(row["value"])
-    return out
+def published_r3() -> dict[tuple[str, str], float]:
+    """The paper's R3 numbers by (system, metric)."""
+    return {(r["system"], r["metric"]): r["value"] for r in published.rows() if r["experiment"] == "r3_moe"}
 
 
 def _mismatches(res: dict) -> dict:
@@ -337,9 +330,9 @@ def draw_r3(results_root, figures_dir, tables_dir) -> list[Path]:
     if not src.exists():
         return []
     res = json.loads(src.read_text())
-    pub = published(Path(results_root))
+    pub = published_r3()
     rows = r3_rows(res, pub)
     tables_dir, figures_dir = Path(tables_dir), Path(figures_dir)
-    tables = write_rows(rows, ["metric", "measured", "published", "unit", "how"], tables_dir, "r3_moe",
-                        "Rollout Routing Replay (R3): overhead and log-prob mismatch", _note(res))
+    tables = write_table(rows, tables_dir, "r3_moe", "Rollout Routing Replay (R3): overhead and log-prob mismatch",
+                         _note(res, pub), columns=["metric", "measured", "published", "unit", "how"])
     return [*tables, plot_r3(res, pub, figures_dir / "r3_moe.png")]

@@ -1,6 +1,6 @@
 """The R3 experiment (experiments/r3_moe/): overhead, log-prob mismatch, bytes, reward curves; R3 off and on.
 
-`python -m relax.moe.experiment [--config experiments/r3_moe/cpu.yaml] [--steps N] [--reps R] [--out results]`
+`relax study r3_moe [--config experiments/r3_moe/cpu.yaml] [--steps N] [--reps R] [--out results]`
 (the defaults are what `make reproduce-fig` runs: about 27 min on a quiet 2-core machine, warm-ups cached)
 
 1. Overhead, side by side in one process (`overhead`): the work of one RL step (the rollout's generation
@@ -19,12 +19,14 @@
    trainer's own top-k set equals the engine's; which tokens a routing flip touches, how much of the gap sits
    on them and how much gate weight a flip moves (`decomposition`). For the warm-up weights, the
    relax runs' final weights and other routing shapes (`--variants`); an fp32 engine gives the floor.
-3. End-to-end runs (`runs`): `relax run` of the config with moe.r3 false / true, each pair started together
+3. End-to-end runs (`runs`): `relax run` of the config with moe.r3 false / true (experiments/launch.py
+   `spawn`), each pair started together
    so both see the same load, for our async schedule and the emulated veRL one (`--schedules`; an emulated
    schedule must declare `SUPPORTS_R3`): reward curves, step times, the Actor's in-run trainer-vs-engine gap.
 Beside 1: `components` times each piece R3 adds in tight loops, `bus_overhead` the field's put + fetch cost.
 
-Writes `<out>/r3_moe/r3_results.json` and, through `relax.moe.report.draw_r3`, the table and figure.
+Writes `<out>/r3_moe/r3_results.json` and, through `analysis.r3_moe.draw_r3`, the table and figure. The
+mismatch's other settings (`--variants`, SHAPES) are in variants.yaml beside this file.
 """
 
 from __future__ import annotations
@@ -37,12 +39,13 @@ import os
 import platform
 import shlex
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
+import yaml
 
+from experiments import launch
 from relax.algorithms import LossScale
 from relax.bus.batch import from_tensordict, to_tensordict
 from relax.config import ExperimentConfig, load_config
@@ -51,6 +54,7 @@ from relax.models import build_model
 from relax.moe.capture import moe_routers
 from relax.moe.fields import ROUTED_FIELD, bytes_per_sample, routing_fields
 from relax.trainers import TorchTrainer, budget_slices, compute_log_probs, pack
+from relax.run_folder import HostLoad, RunFolder, git_commit
 from relax.trainers.torch_trainer import compute_precision
 
 RESULTS_FILE = "r3_results.json"
@@ -60,32 +64,11 @@ STEPS = 15  # each end-to-end run
 # rewards, and 4 x 128 sampled generations per run would double a run's time.
 RUN_OVERRIDES = ["task.eval_size=16"]
 STAGGER_S = 15.0  # between the starts of the two runs of a pair (each runs for minutes)
-# Other settings, for the mismatch only (warm-up weights, the same warm-up recipe), each a shell-quoted list of
-# overrides: the config's model on 1-digit arithmetic, whose answers are 1-3 tokens (the study's task until
-# 2026-11-30: R3 cut the mean |dlogp| by 19% there). Other routing shapes measured before on that task (README):
-# SHAPES; on the Caesar task their warm-ups take 15-30 min each on 2 cores, so they are not in the defaults.
-SHORT_ANSWERS = ("task.name=basic_arithmetic task.params='{min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 1, "
-                 "operators: [\"+\", \"-\"], allow_parentheses: false, allow_negation: false}' rollout.max_new_tokens=8")
-VARIANTS = [SHORT_ANSWERS]
-SHAPES = ["model.num_layers=2 model.num_experts=8 model.experts_per_token=2", "model.num_layers=12",
-          "model.num_layers=8 model.num_experts=64 model.experts_per_token=8 model.intermediate_size=96"]
-
-
-def _commit() -> str:
-    import subprocess
-
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).resolve().parents[2],
-                              capture_output=True, text=True).stdout.strip() or "?"
-    except OSError:
-        return "?"
-
-
-def _load() -> list[float]:
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return []
+# Other settings, for the mismatch only (variants.yaml beside this file): each a shell-quoted list of overrides.
+_VARIANTS = yaml.safe_load((Path(__file__).parent / "variants.yaml").read_text())
+SHORT_ANSWERS: str = _VARIANTS["short_answers"]
+VARIANTS: list[str] = [_VARIANTS[name] for name in _VARIANTS["default"]]
+SHAPES: list[str] = list(_VARIANTS["shapes"])
 
 
 def _prompts(cfg: ExperimentConfig, tok, n_groups: int, offset: int = 0) -> list[list[int]]:
@@ -189,7 +172,7 @@ def overhead(cfg: ExperimentConfig, state: dict, reps: int = 8, threads: int = 1
                 times[c][stage].setdefault(unit, []).append((got[False][1][c], got[True][1][c]))
         return got[True][0]
 
-    load_before = _load()
+    load = HostLoad().__enter__()
     rows_seen = None
     for k in range(reps + 1):
         parts = [record("rollout", lo, k, lambda on, lo=lo: rollout_unit(on, lo, 1000 * k + lo))
@@ -232,9 +215,11 @@ def overhead(cfg: ExperimentConfig, state: dict, reps: int = 8, threads: int = 1
     with_extra = {n: {"off_s": st["off_s"], "on_s": st["off_s"] + comp[n]["extra_s"]} for n, st in cpu["stages"].items()}
     bus = bus_overhead(cfg, rows_seen)
     other = [n for n in rows_seen if n not in (ROUTED_FIELD, "old_log_probs", "advantages")]
+    load.__exit__(None, None, None)
     # The headline uses CPU time; wall time beside it.
     return {
-        "reps": reps, "threads": threads, "load_before": load_before, "load_after": _load(), "clock": "cpu",
+        "reps": reps, "threads": threads, "load_before": load.record["loadavg_before"],
+        "load_after": load.record["loadavg_after"], "clock": "cpu",
         **cpu, "wall": summarise(times["wall"]), "components": comp, "bus": bus,
         "component_async_step_overhead_pct": cpu["stages"][cpu["bottleneck_stage"]]["component_overhead_pct"],
         "component_serial_step_overhead_pct": 100 * sum(c["extra_s"] for c in comp.values())
@@ -348,7 +333,7 @@ def bus_overhead(cfg: ExperimentConfig, rows: dict, reps: int = 20) -> dict:
     the Actor's task and the Reference's task, with and without `rollout_routed_experts`, alternating on one
     real bus (Ray + TransferQueue, its own temp dir, shut down after). Wall time (the bus spans processes)."""
     from relax.bus import Bus
-    from relax.controller import RaySession  # its own temp dir; retries a raylet start that timed out
+    from relax.cluster import RaySession
     from relax.roles.actor import TRAIN_FIELDS
 
     G = cfg.rollout.group_size
@@ -616,7 +601,8 @@ def _schedules(wanted=("relax", "verl")) -> list[str]:
 
 
 def _in_run(run_dir: Path) -> dict:
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    run = RunFolder(run_dir)
+    rows = run.metrics()
     steady = rows[1:] or rows
     fresh = [r for r in rows if r.get("staleness_max", 1) == 0 and "logp_gap_abs" in r]
     mean = lambda xs: sum(xs) / len(xs) if xs else None  # noqa: E731
@@ -628,34 +614,26 @@ def _in_run(run_dir: Path) -> dict:
             # Steps whose every sample came from the weights being trained: the gap is the mismatch alone.
             "onpolicy_steps": len(fresh), "onpolicy_logp_gap_abs": mean([r["logp_gap_abs"] for r in fresh]),
             "onpolicy_logp_gap_kl": mean([r["logp_gap_kl"] for r in fresh]),
-            "summary": json.loads((run_dir / "summary.json").read_text())}
+            "summary": run.summary()}
 
 
-def _pair(config, steps, out, overrides, extra, schedule, order, p, concurrent, attempt):
-    """One off/on pair of `relax run` processes; [(r3_on, run name)], or None when a run failed."""
-    import subprocess
-
+def _pair(config, steps, out, overrides, extra, schedule, order, p, concurrent):
+    """One off/on pair of `relax run` processes: [(r3_on, run folder)]."""
     procs = []
     for on in order:
         name = f"{schedule}-r3{'on' if on else 'off'}-{time.strftime('%H%M%S')}-{p}"
-        cmd = [sys.executable, "-m", "relax.cli", "run", config, *RUN_OVERRIDES, *(overrides or []), *extra,
-               f"moe.r3={str(on).lower()}", "--out", str(out), "--run", name, "--no-progress"]
-        if steps:
-            cmd += ["--steps", str(steps)]
-        log = open(Path(out) / f".{name}.log", "w")
         if procs and concurrent:
             time.sleep(STAGGER_S)  # two Ray nodes starting at once on a loaded machine can time out (30 s)
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-        procs.append((on, name, proc, log))
+        log = Path(out) / f".{name}.log"
+        proc = launch.spawn(config, [*RUN_OVERRIDES, *(overrides or []), *extra, f"moe.r3={str(on).lower()}"],
+                            out=out, run=name, steps=steps, log=log)
+        procs.append((on, proc, log))
         if not concurrent:
             proc.wait()
-    ok = True
-    for on, name, proc, log in procs:
-        if proc.wait() != 0:
-            print(f"run {name} failed (exit {proc.returncode}, attempt {attempt}); see {log.name}", flush=True)
-            ok = False
-        log.close()
-    return [(on, name) for on, name, _, _ in procs] if ok else None
+    failed = [f"{log} (exit {proc.proc.returncode})" for on, proc, log in procs if proc.wait() != 0]
+    if failed:
+        raise RuntimeError(f"{schedule} pair {p}: runs failed; see {', '.join(failed)}")
+    return [(on, proc.run_dir) for on, proc, _ in procs]
 
 
 def runs(config: str, steps: int | None, out: Path, pairs: int = 1, overrides: list[str] | None = None,
@@ -668,15 +646,7 @@ def runs(config: str, steps: int | None, out: Path, pairs: int = 1, overrides: l
         extra = [f"schedule={schedule}"] if schedule != "relax" else []
         for p in range(pairs):
             order = [False, True] if p % 2 == 0 else [True, False]
-            for attempt in (1, 2, 3):  # a loaded machine can time out a Ray node's start: run the pair again
-                done = _pair(config, steps, out, overrides, extra, schedule, order, p, concurrent, attempt)
-                if done is not None:
-                    break
-            else:
-                raise RuntimeError(f"{schedule} pair {p} failed three times; see the .{schedule}-*.log files in {out}")
-            for on, name in done:
-                cfg = load_config(config, [*(overrides or []), *extra])
-                run_dir = Path(out) / cfg.name / cfg.profile / name
+            for on, run_dir in _pair(config, steps, out, overrides, extra, schedule, order, p, concurrent):
                 result.setdefault(schedule, {"off": [], "on": [], "concurrent": concurrent})[
                     "on" if on else "off"].append(_in_run(run_dir))
         s = result[schedule]
@@ -685,8 +655,7 @@ def runs(config: str, steps: int | None, out: Path, pairs: int = 1, overrides: l
     return result
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default="experiments/r3_moe/cpu.yaml")
     p.add_argument("--steps", type=int, default=STEPS, help="steps of each end-to-end run (0: the config's)")
     p.add_argument("--reps", type=int, default=6, help="off/on rounds of the side-by-side overhead measurement")
@@ -703,13 +672,17 @@ def main(argv: list[str] | None = None) -> None:
                    help="schedules whose runs' final weights get a mismatch measurement too")
     p.add_argument("--variants", nargs="*", default=VARIANTS,
                    help='other settings for the mismatch measurement (warm-up weights), each a shell-quoted list of '
-                        'overrides, e.g. "model.num_layers=2 model.num_experts=8 model.experts_per_token=2" (SHAPES '
-                        'has the shapes measured before; --variants with nothing after it measures none)')
+                        'overrides, e.g. "model.num_layers=2 model.num_experts=8 model.experts_per_token=2" '
+                        '(variants.yaml has the shapes measured before; --variants with nothing after it measures '
+                        'none)')
     p.add_argument("--update-reference", action="store_true",
                    help=f"replace {REFERENCE} with this invocation's results (small files of the runs, "
                         "r3_results.json, a README with the load average)")
     p.add_argument("overrides", nargs="*", help="dotted key=value config overrides")
-    args = p.parse_args(argv)
+
+
+def main(args: argparse.Namespace) -> int:
+    from analysis.r3_moe import draw_r3
     from relax.models.warmup import warmup_state
 
     cfg = load_config(args.config, args.overrides)
@@ -719,17 +692,18 @@ def main(argv: list[str] | None = None) -> None:
     old = json.loads(path.read_text()) if path.exists() else {}
     kept = {"overhead": ["overhead"], "runs": ["runs"], "mismatch": ["mismatch", "mismatch_variants"]}
     res = {k: old[k] for part in args.skip for k in kept[part] if k in old}
-    t_start = time.time()
-    res.update(config=args.config, overrides=args.overrides, model=cfg.model.model_dump(), commit=_commit(),
+    load = HostLoad().__enter__()  # the whole invocation's; save() records the load so far
+    res.update(config=args.config, overrides=args.overrides, model=cfg.model.model_dump(), commit=git_commit(),
                started=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-               argv=list(argv) if argv is not None else sys.argv[1:], load_start=_load(),
+               argv=args.argv, load_start=load.record["loadavg_before"],
                environment={"cpus": os.cpu_count(), "torch": torch.__version__, "machine": platform.machine(),
                             "note": "2-core CPU shared with other jobs: absolute times are under load; "
                                     "overheads are off/on ratios measured side by side"})
     state = warmup_state(cfg)
 
     def save():
-        res.update(load_end=_load(), wall_s=time.time() - t_start)
+        load.__exit__(None, None, None)
+        res.update(load_end=load.record["loadavg_after"], wall_s=load.record["wall_s"])
         path.write_text(json.dumps(res, indent=1))
 
     if "overhead" not in args.skip:
@@ -747,12 +721,14 @@ def main(argv: list[str] | None = None) -> None:
         mm = {"warmup": mismatch(cfg, state, args.mismatch_groups)}
         from safetensors.torch import load_file
 
+        from relax.run_folder import FINAL_WEIGHTS
+
         for schedule, s in res.get("runs", {}).items():
             if args.final_mismatch is not None and schedule not in args.final_mismatch:
                 continue
             for mode in ("off", "on"):
                 if s.get(mode):
-                    weights = Path(s[mode][-1]["run"]) / "final_weights.safetensors"
+                    weights = Path(s[mode][-1]["run"]) / FINAL_WEIGHTS
                     if weights.exists():
                         mm[f"{schedule}_r3{mode}_final"] = mismatch(cfg, load_file(str(weights)),
                                                                     args.mismatch_groups)
@@ -770,70 +746,65 @@ def main(argv: list[str] | None = None) -> None:
             res["mismatch_variants"][key] = {"overrides": over,
                                              **mismatch(vcfg, warmup_state(vcfg), args.mismatch_groups)}
             save()
-    from relax.moe.report import draw_r3
-
     for f in draw_r3(args.out, args.out / "figures", args.out / "tables"):
         print(f)
     print(path)
-    (path.parent / "README.md").write_text(readme(res, path))  # kept by analysis.reproduce --update-reference too
+    (path.parent / "README.md").write_text(readme(res, path))  # kept by `relax reproduce --update-reference` too
     if args.update_reference:
         print(update_reference(res, path))
+    return 0
 
 
 REFERENCE = Path(__file__).resolve().parents[2] / "results" / "reference" / "r3_moe"
-RUN_FILES = ("config.yaml", "metrics.jsonl", "recovery.json", "summary.json", "trace.json")
 
 
 def update_reference(res: dict, path: Path, reference: Path = REFERENCE) -> Path:
     """Replace the committed R3 reference set with `res` (written at `path`): r3_results.json, each end-to-end
-    run's small files, and a README that records when, at which commit and under which load it was taken."""
-    import shutil
+    run's small files (analysis/reference.py), and a README that records when, at which commit and under which
+    load it was taken."""
+    from analysis.reference import clear, copy_run, copy_small
 
-    if reference.exists():
-        shutil.rmtree(reference)
-    reference.mkdir(parents=True)
-    shutil.copy2(path, reference / RESULTS_FILE)
+    clear(reference)
+    copy_small(path, reference / RESULTS_FILE)
     for s in (res.get("runs") or {}).values():
         for run in s["off"] + s["on"]:
             src = Path(run["run"])
-            dest = reference / src.parent.name / src.name
-            dest.mkdir(parents=True, exist_ok=True)
-            for name in RUN_FILES:
-                if (src / name).exists() and (src / name).stat().st_size <= 2_000_000:
-                    shutil.copy2(src / name, dest / name)
+            copy_run(src, reference / src.parent.name / src.name)
     (reference / "README.md").write_text(readme(res, path))
     return reference
 
 
 def readme(res: dict, path: Path) -> str:
     """What the results at `path` are: command, commit, when, the load average, the headline numbers."""
+    from analysis import published
+
+    pub = lambda system, metric: f"{published.value('r3_moe', system, 'async', metric):g}%"  # noqa: E731
     oh = res.get("overhead") or {}
     finished = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(path.stat().st_mtime))
     lines = ["# R3 study, reference results", "",
-             f"`python -m relax.moe.experiment {' '.join(res.get('argv') or [])}` at commit {res.get('commit', '?')}, "
+             f"`relax study r3_moe {' '.join(res.get('argv') or [])}` at commit {res.get('commit', '?')}, "
              f"started {res.get('started', '?')}, finished {finished} ({res.get('wall_s', 0) / 60:.1f} min wall).",
              f"1-min load average (1, 5, 15 min): at the start {res.get('load_start')}, before the overhead "
              f"measurement {oh.get('load_before')}, after it {oh.get('load_after')}, at the end {res.get('load_end')} "
              f"on {res.get('environment', {}).get('cpus')} cores.", "",
              "`r3_results.json` holds every measurement; `make figures` draws results/figures/r3_moe.png and "
              "results/tables/r3_moe.{md,csv} from it. Refresh (on a quiet machine): "
-             "`python -m relax.moe.experiment --out results --update-reference` (about 30 min on 2 cores, warm-ups "
+             "`relax study r3_moe --out results --update-reference` (about 30 min on 2 cores, warm-ups "
              "cached). Overheads are off/on ratios measured side by side, unit by unit (robust to load); the "
              "end-to-end pairs' step times are not. See experiments/r3_moe/README.md for the reading.", ""]
     if oh:
         lines.append(f"- R3 step-time overhead, relax async: {oh['async_step_overhead_pct']:+.2f}% side by side, "
-                     f"{oh['component_async_step_overhead_pct']:+.2f}% R3 work timed (published 1.9%); veRL emulated "
+                     f"{oh['component_async_step_overhead_pct']:+.2f}% R3 work timed (published "
+                     f"{pub('relax', 'r3_step_time_overhead')}); veRL emulated "
                      f"step: {oh['verl_step_overhead_pct']:+.2f}% / {oh['component_verl_step_overhead_pct']:+.2f}% "
-                     f"(published veRL 32%); routing adds {oh['bytes_per_sample']:.0f} B per sample.")
+                     f"(published veRL {pub('verl', 'r3_step_time_overhead')}); routing adds "
+                     f"{oh['bytes_per_sample']:.0f} B per sample.")
     mm = (res.get("mismatch") or {}).get("warmup")
     if mm:
         red, ci = mm["r3_on_reduction_pct"], mm.get("r3_on_reduction_ci95", {})
         span = lambda m: f" (95%: {ci[m][0]:.0f}..{ci[m][1]:.0f}%)" if m in ci else ""  # noqa: E731
         lines.append(f"- Mismatch, {mm['engine_dtype']} engine vs {mm.get('trainer_precision', 'fp32')} trainer, "
                      f"warm-up weights: R3 cuts the mean |dlogp| by {red['mean_abs']:.0f}%{span('mean_abs')} and the "
-                     f"KL by {red['kl_k3']:.0f}%{span('kl_k3')} (published: 38%).")
+                     f"KL by {red['kl_k3']:.0f}%{span('kl_k3')} (published: "
+                     f"{pub('relax', 'r3_logprob_mismatch_reduction')}).")
     return "\n".join(lines) + "\n"
-
-
-if __name__ == "__main__":
-    main()

@@ -1,6 +1,6 @@
-"""Recovery results of a run with injected faults: a table and a figure.
+"""Recovery results of a run with injected faults, and of the recovery study: tables and figures.
 
-    .venv/bin/python -m relax.fault.report RUN_DIR [RUN_DIR ...] [--out DIR]
+    relax recovery RUN_DIR [RUN_DIR ...] [--out DIR]
 
 Per fault (from `recovery.json` and `metrics.jsonl`):
   detect_s      fault -> the supervisor saw the process gone
@@ -26,27 +26,28 @@ plus the run's samples lost / duplicated. Writes recovery_table.md and recovery.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
-import sys
 from pathlib import Path
+
+from analysis.tables import write_csv
+from relax.run_folder import RunFolder
 
 SLOWER = 1.25  # steps within this factor of the pre-fault median count as "previous throughput"
 WINDOW = 3  # ... over this many consecutive steps (single steps are noisy on a shared 2-core machine)
 
 
 def load_run(run_dir: Path) -> tuple[list[dict], dict, dict]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return rows, json.loads((run_dir / "recovery.json").read_text()), json.loads((run_dir / "summary.json").read_text())
+    run = RunFolder(run_dir)
+    recovery = run.recovery()
+    if recovery is None:
+        raise FileNotFoundError(f"{run_dir}: no recovery.json (a run without injected faults?)")
+    return run.metrics(), recovery, run.summary()
 
 
 def first_generate_after(run_dir: Path, replica: int, t: float) -> float | None:
     """Run-clock end (s) of replica `replica`'s first `generate` span that ends after `t`."""
-    path = run_dir / "trace.json"
-    if not path.exists():
-        return None
-    ends = [(e["ts"] + e["dur"]) / 1e6 for e in json.loads(path.read_text())["traceEvents"]
+    ends = [(e["ts"] + e["dur"]) / 1e6 for e in RunFolder(run_dir).trace_events()
             if e.get("name") == "generate" and e.get("args", {}).get("replica") == replica]
     return min((x for x in ends if x > t), default=None)
 
@@ -141,31 +142,29 @@ def figure(run_dir: Path, path: Path) -> None:
     plt.close(fig)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("runs", nargs="+", type=Path)
-    ap.add_argument("--out", type=Path, help="folder for recovery_table.md / recovery.png (default: the run)")
-    args = ap.parse_args(argv)
-    entries = []
-    for run in args.runs:
-        entries += table(run)
-        out = args.out or run
-        out.mkdir(parents=True, exist_ok=True)
-        figure(run, out / (f"recovery-{run.name}.png" if args.out else "recovery.png"))
-    text = markdown(entries)
-    (args.out or args.runs[0]).joinpath("recovery_table.md").write_text(text)
-    print(text, end="")
+def main(args) -> int:
+    print(report_runs(args.runs, args.out), end="")
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def report_runs(runs: list[Path], out: Path | None = None) -> str:
+    """The per-fault table of the runs (recovery_table.md) and a figure per run (recovery.png beside the run,
+    or recovery-<run>.png in `out`); returns the table."""
+    entries = []
+    for run in runs:
+        entries += table(run)
+        dest = out or run
+        dest.mkdir(parents=True, exist_ok=True)
+        figure(run, dest / (f"recovery-{run.name}.png" if out else "recovery.png"))
+    text = markdown(entries)
+    (out or runs[0]).joinpath("recovery_table.md").write_text(text)
+    return text
 
 
-# ---- the recovery study's figure and tables (relax/fault/study.py; analysis/figures.py STUDIES) --------------
+# ---- the recovery study's figure and tables (experiments/recovery/study.py; analysis/figures.py STUDIES) -----
 STUDY_COLS = ["setting", "role", "tier", "spare", "detect_s", "ready_s", "serving_s", "throughput_s", "dcs_s",
               "wait_s", "dcs_bytes", "disk_s", "disk_cold_s", "disk_bytes", "samples_lost", "samples_duplicated"]
-SETTINGS = ("spare", "cold")  # the study's fault runs (relax/fault/study.py)
+SETTINGS = ("spare", "cold")  # the study's fault runs (experiments/recovery/study.py)
 NO_PAPER = "The Relax paper publishes no recovery timings: every number here is ours (CPU scale)."
 
 
@@ -200,7 +199,7 @@ def study_markdown(res: dict) -> str:
     def fmt(v):
         return "-" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)
 
-    lines = [f"# Recovery (relax.fault.study)\n", NO_PAPER, "", "## Killed roles (seconds from the SIGKILL)", "",
+    lines = ["# Recovery (relax study recovery)\n", NO_PAPER, "", "## Killed roles (seconds from the SIGKILL)", "",
              "| " + " | ".join(STUDY_COLS) + " |", "|" + "---|" * len(STUDY_COLS)]
     lines += ["| " + " | ".join(fmt(r.get(c)) for c in STUDY_COLS) + " |" for r in _study_rows(res)]
     for k in SETTINGS:
@@ -247,8 +246,6 @@ def study_markdown(res: dict) -> str:
 
 def draw_recovery(source: Path, figs: Path, tables: Path) -> list[Path]:
     """recovery.png and recovery.{md,csv} from `<source>/recovery/recovery.json`; nothing when it is absent."""
-    import csv
-
     path = Path(source) / "recovery" / "recovery.json"
     if not path.exists():
         return []
@@ -257,10 +254,7 @@ def draw_recovery(source: Path, figs: Path, tables: Path) -> list[Path]:
     tables.mkdir(parents=True, exist_ok=True)
     rows = _study_rows(res)
     (tables / "recovery.md").write_text(study_markdown(res))
-    with open(tables / "recovery.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=STUDY_COLS, extrasaction="ignore")
-        w.writeheader()
-        w.writerows(rows)
+    write_csv(rows, tables / "recovery.csv", STUDY_COLS)
 
     import matplotlib
 

@@ -1,4 +1,4 @@
-"""Elastic scaling in a live run, measured phase by phase: 1 replica, scale out to 2, 2 replicas, scale in to 1,
+"""Elastic scaling in a live run (the recovery study's `elastic` part), measured phase by phase: 1 replica, scale out to 2, 2 replicas, scale in to 1,
 1 replica again.
 
 `run_phases(url, token, ...)` waits until the run generates steadily (a warm-up phase, reported apart), then drives a run started with `--api-port` over its HTTP API and, per phase, counts the

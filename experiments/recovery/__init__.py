@@ -1,0 +1,1 @@
+"""The recovery study (`relax study recovery`): real process kills, DCS weight sync, elastic rollout phases."""
