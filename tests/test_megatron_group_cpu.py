@@ -7,7 +7,6 @@ trained weights must agree."""
 
 import importlib.util
 import json
-import os
 from pathlib import Path
 
 import pytest

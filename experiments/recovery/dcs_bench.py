@@ -107,7 +107,7 @@ def disk_reload(total_bytes: int, n: int, repeat: int, folder: Path) -> dict:
 def dcs_bench(total_bytes: int, n: int, bucket_mb: float, repeat: int, reuse: bool = True) -> dict:
     import ray
 
-    from relax.weights.dcs import DCS
+    from relax.weights import DCS
 
     @ray.remote(num_cpus=0)
     class Publisher:

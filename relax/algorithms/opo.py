@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import torch
 from torch import Tensor
 
 from relax.algorithms.advantages import REWARD_TO_GO_PARAMS, AdvantageInput, _broadcast, _check, _float
