@@ -2,7 +2,7 @@
 # GPU checks for the cluster backends, on one GPU machine with PyTorch preinstalled and no network.
 #   bash scripts/gpu_check.sh            (PY=/path/to/python chooses the interpreter)
 # Runs the GPU tests under a 7.5-minute budget and prints a summary:
-#   tests/test_megatron_convert_gpu.py (pytest -m gpu):
+#   tests/trainers/test_megatron_convert_gpu.py (pytest -m gpu):
 #   - CUDA weights -> HF names -> a CPU model (always, with CUDA)
 #   - Megatron trainer step on tiny Qwen3 dense + MoE (log-probs equal transformers', a GRPO step moves them the
 #     right way) and the single-GPU weight update path (trainer CUDA shard -> HF tensors -> our torch engine server
@@ -10,14 +10,14 @@
 #   - NVML device / process figures, when nvidia-ml-py is importable
 #   - a real SGLang server on the GPU driven by our client (generate, pause, flush, update, continue), when sglang
 #     is importable
-#   tests/test_megatron_group_gpu.py (pytest -m gpu), when megatron-core is importable:
+#   tests/trainers/test_megatron_group_gpu.py (pytest -m gpu), when megatron-core is importable:
 #   - the Megatron worker-group code at world size 1 (one GPU holds one rank): resources.actor.workers=1 builds a
 #     MegatronGroup of one on NCCL; log-probs, loss, gradient norm, the shard gather into a transformers model and
 #     the optimizer state wrapper checked against the torch trainer
 #   - a `relax run` whose Actor (rank 0) is placed on the GPU through its placement group, trains over NCCL and
 #     publishes through DCS, when the whole project environment is installed (Ray, TransferQueue, reasoning-gym;
 #     not part of the wheel folder: skipped otherwise)
-#   tests/test_gpu_metrics.py (NVML parsing and the CPU fallback; no GPU needed)
+#   tests/metrics/test_gpu_metrics.py (NVML parsing and the CPU fallback; no GPU needed)
 # Python packages the machine lacks are installed from a local wheel folder, never from the network: WHEELS=DIR,
 # default ./wheels (`make gpu-wheels` fills it on a machine with network; copy it along with the repository). They
 # go into a temporary --target folder on PYTHONPATH, so the machine's Python is left as it was.
@@ -90,7 +90,7 @@ PYEOF
 TIMEOUT_OPT=()
 grep -qE "^  pytest_timeout +yes" "$OUT/env.txt" && TIMEOUT_OPT=(--timeout=420)
 timeout 450 "$PY" -m pytest -p no:cacheprovider -q -rs "${TIMEOUT_OPT[@]}" --junitxml="$OUT/junit.xml" \
-  tests/test_megatron_convert_gpu.py tests/test_megatron_group_gpu.py tests/test_gpu_metrics.py 2>&1 | tee "$OUT/pytest.txt"
+  tests/trainers/test_megatron_convert_gpu.py tests/trainers/test_megatron_group_gpu.py tests/metrics/test_gpu_metrics.py 2>&1 | tee "$OUT/pytest.txt"
 rc=${PIPESTATUS[0]}
 T1=$(date +%s)
 echo

@@ -2,7 +2,7 @@
 
 Field-level storage: each medium is its own field of the row, so a role asks only for what it uses. The
 Rollout writes them, the Actor and the Reference read them for their forwards; Reward and Advantages never
-name them and so never receive pixels, spectrograms or frames (tests/test_omni_engine.py checks the fields
+name them and so never receive pixels, spectrograms or frames (tests/omni/test_omni_engine.py checks the fields
 each role actually fetched).
 """
 

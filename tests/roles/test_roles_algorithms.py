@@ -1,6 +1,6 @@
 """The algorithm roles: Critic (value model, clipped value loss), Teacher (on-policy distillation), DAPO
 dynamic sampling marks, and which services a config starts. Fast (no Ray); the e2e runs are in
-tests/test_roles_algorithms_e2e.py."""
+tests/roles/test_roles_algorithms_e2e.py."""
 
 from pathlib import Path
 
@@ -17,7 +17,7 @@ from relax.roles.critic import Critic, clipped_value_loss
 from relax.roles.teacher import opd_inputs, teacher_config
 from relax.trainers import pad_right
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TINY = ModelConfig(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64)
 
 

@@ -1,5 +1,5 @@
 """The estimators, losses, aggregations and KL estimators added for issue 17, each against a hand-computed
-value and gradient (pure torch, fast); the helpers are those of tests/test_algorithms.py."""
+value and gradient (pure torch, fast); the helpers are those of tests/algorithms/test_algorithms.py."""
 
 import math
 from pathlib import Path
@@ -22,7 +22,7 @@ from relax.config import AlgorithmConfig, load_config
 
 T = torch.tensor
 LN = math.log
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def close(a, b, tol=1e-5):

@@ -3,7 +3,7 @@ One GPU holds one rank (NCCL refuses two ranks on one device), so these run the 
 `resources.actor.workers=1` builds a MegatronGroup of one on NCCL (dispatch, data-parallel split, metrics, the
 shard gather and the optimizer state wrapper), checked against the torch trainer; with the whole project
 environment installed (Ray, TransferQueue, reasoning-gym), a `relax run` whose Actor is placed on the GPU through
-its placement group. The multi-rank dispatch itself is checked on the CPU (tests/test_megatron_group_cpu.py)."""
+its placement group. The multi-rank dispatch itself is checked on the CPU (tests/trainers/test_megatron_group_cpu.py)."""
 
 import importlib.util
 import json
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
               pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="megatron-core not installed")]
 TINY = ["model.hidden_size=64", "model.intermediate_size=128", "model.num_layers=2", "model.num_heads=4",

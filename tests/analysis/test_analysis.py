@@ -14,7 +14,7 @@ from analysis.results import staleness_runs, system_of, system_runs
 from relax.run_folder import find_runs
 from relax.schedules import spans as S
 
-FIXTURE = Path(__file__).resolve().parent / "fixtures" / "analysis"
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "analysis"
 SYSTEM_KEYS = ["colocate", "async_on_policy", "async_off_policy", "verl", "openrlhf"]
 
 

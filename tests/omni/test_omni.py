@@ -117,7 +117,7 @@ def test_tiny_omni_generates_and_trains(rows):
     with pytest.raises(ValueError, match="image_patches"):
         model(input_ids=ids, media=[{**media[0], "image_patches": media[0]["image_patches"][:2]}])
     # the engine's trainer (relax.trainers.TorchTrainer) trains the encoders through the media fields
-    cfg = load_config(Path(__file__).resolve().parents[1] / "experiments/omni/cpu.yaml")
+    cfg = load_config(Path(__file__).resolve().parents[2] / "experiments/omni/cpu.yaml")
     resp = [torch.tensor(g.token_ids) for g in gens]
     lps = [torch.tensor(g.log_probs) for g in gens]
     batch = {**rows, "response_ids": resp, "rollout_log_probs": lps, "old_log_probs": lps,

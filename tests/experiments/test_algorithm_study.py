@@ -15,7 +15,7 @@ from relax.algorithms import check_config
 from relax.config import load_config
 from relax.schedules import role_names
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("name", list(ALGORITHMS))

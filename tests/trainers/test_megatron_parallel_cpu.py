@@ -18,7 +18,7 @@ pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="megatron-core not installed"),
     pytest.mark.skipif(torch.cuda.is_available(), reason="CPU emulation test (the GPU tests cover CUDA)"),
 ]
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LAYOUTS = [("tp2_dense", "tiny_qwen3", 2, 1, 1), ("pp2_moe", "tiny_qwen3_moe", 1, 2, 1),
            ("ep2_moe", "tiny_qwen3_moe", 1, 1, 2)]
 

@@ -14,7 +14,7 @@ import pytest
 from relax.api.pool import GroupQueue
 from relax.config import ConfigError, FaultSpec, load_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TINY = ["rollout.prompts_per_step=4", "rollout.group_size=4", "warmup.steps=20", "task.eval_size=8",
         "rollout.chunk_groups=1"]
 

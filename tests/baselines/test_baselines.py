@@ -13,7 +13,7 @@ from baselines import cli, openrlhf, verl
 from baselines.common import REWARD_FILE, reward_source
 from relax.config import load_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ASYNC = ROOT / "experiments/async/h800x16.yaml"
 COLOCATE = ROOT / "experiments/colocate/h800x16.yaml"
 FILES = "/shared/run"

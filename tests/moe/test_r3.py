@@ -315,7 +315,7 @@ def test_verl_emulated_trainer_replays_the_routing_in_its_old_log_prob_forward(t
     from relax.config import load_config
     from relax.controller import run_experiment
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     cfg = load_config(root / "experiments/r3_moe/cpu.yaml",
                       ["schedule=verl", "moe.r3=true", "steps=2", "rollout.prompts_per_step=4", "rollout.group_size=4",
                        "warmup.steps=20", "task.eval_size=8", "model.hidden_size=64", "model.intermediate_size=192",

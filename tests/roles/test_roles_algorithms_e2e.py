@@ -10,7 +10,7 @@ import pytest
 from relax.config import load_config
 from relax.controller import run_experiment
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 SMALL = ["steps=2", "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.chunk_groups=2",

@@ -1,7 +1,7 @@
 """The Megatron-Core trainer executed on the CPU (megatron-core's CUDA calls emulated by cpu_shim, gloo process
 group, world size 1): the same GPTModel, DDP, optimizer and pipeline schedule code as on a GPU, checked against
 the torch trainer from the same Hugging Face weights. Skipped when megatron-core is not importable or a GPU is
-present (tests/test_megatron_convert_gpu.py runs the real thing there)."""
+present (tests/trainers/test_megatron_convert_gpu.py runs the real thing there)."""
 
 import importlib.util
 import json

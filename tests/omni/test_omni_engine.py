@@ -13,7 +13,7 @@ import torch
 
 from relax.config import ConfigError, load_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 OMNI = ROOT / "experiments/omni/cpu.yaml"
 AGENT = ROOT / "experiments/agent/cpu.yaml"
 MEDIA = {"image_patches", "audio_mel", "video_frames"}

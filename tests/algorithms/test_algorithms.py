@@ -85,7 +85,7 @@ def test_rloo_hand_values():
 def test_reinforce_pp_baseline_hand_values():
     # group-centred: [0.5, -0.5] on lengths 2 and 1 -> tokens [.5, .5, -.5]; their unbiased std:
     # mean 1/6, var = ((1/3)^2 * 2 + (2/3)^2) / 2 = 1/3 -> A = +-0.5 / (sqrt(1/3) + 1e-6) with shift_mean off
-    # (the default, with the batch mean subtracted as in veRL: tests/test_algorithms_extra.py).
+    # (the default, with the batch mean subtracted as in veRL: tests/algorithms/test_algorithms_extra.py).
     a, _ = adv("reinforce_pp_baseline", [1, 0], [0, 0], [2, 1], AlgorithmConfig(params={"shift_mean": False}))
     s = 0.5 / (math.sqrt(1 / 3) + 1e-6)
     close(a, [[s, s], [-s, 0]])

@@ -10,7 +10,7 @@ from relax.config import load_config
 from relax.roles.registry import colocate_steps, role_class, role_order, task_of
 from relax.schedules import role_names
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ASYNC = ROOT / "experiments/async"
 KL_OFF, KL_ON = "algorithm.kl_coef=0", "algorithm.kl_coef=0.05"
 OPD, GAE, GENRM = "algorithm.policy_loss=opd", "algorithm.advantage=gae", "task.reward=genrm"

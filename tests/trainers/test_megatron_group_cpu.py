@@ -16,7 +16,7 @@ pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="megatron-core not installed"),
     pytest.mark.skipif(torch.cuda.is_available(), reason="CPU emulation test (the GPU tests cover CUDA)"),
 ]
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # On-policy (max_staleness 0): partition 1 can only be generated once the rollout engine has loaded version 1,
 # the weights the group trained. Format reward: the short warm-up leaves answers right or wrong at random.
 SMALL = ["steps=2", "max_staleness=0", "training.trainer=megatron", "training.lr=1e-3", "training.grad_clip=100",

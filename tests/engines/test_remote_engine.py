@@ -19,7 +19,7 @@ from relax.engines.remote import EngineDied, check_engine_available, make_remote
 from relax.engines.torch_engine import TorchEngine
 from relax.models import build_model
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TINY = ["model.hidden_size=64", "model.intermediate_size=128", "rollout.temperature=0.8", "rollout.top_p=1.0"]
 
 

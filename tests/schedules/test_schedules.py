@@ -14,7 +14,7 @@ from relax.config import ConfigError, load_config
 from relax.schedules import get_schedule
 from relax.schedules import spans as S
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ASYNC = ROOT / "experiments/async"
 TINY = ["steps=3", "rollout.prompts_per_step=4", "rollout.group_size=4", "warmup.steps=20", "task.eval_size=8"]
 
