@@ -4,10 +4,21 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from relax.bus.batch import Batch
 from relax.bus.bus import Bus
+
+
+def groups_that_fit(tokens: Sequence[int], budget: int) -> int:
+    """The packing rule of every micro-batch loader: how many of the leading groups (token counts `tokens`) go
+    into the next micro-batch. Consecutive groups while their summed tokens fit `budget`; the first always goes,
+    even alone over budget (a group is never split)."""
+    n, total = 1, tokens[0]
+    while n < len(tokens) and total + tokens[n] <= budget:
+        total += tokens[n]
+        n += 1
+    return n
 
 
 class StreamingLoader:
@@ -71,13 +82,10 @@ class StreamingLoader:
                         f"{self.timeout_s} s ({yielded} of {self.rows_total} rows yielded)"
                     )
                 time.sleep(self.poll_s)
-            groups, tokens = [pending[0][0]], pending[0][1]
-            pending.popleft()
-            while pending and tokens + pending[0][1] <= self.micro_batch_tokens:
-                group, t = pending.popleft()
-                groups.append(group)
-                tokens += t
-            pending_tokens -= tokens
+            n = groups_that_fit([t for _, t in pending], self.micro_batch_tokens)
+            taken = [pending.popleft() for _ in range(n)]
+            groups = [g for g, _ in taken]
+            pending_tokens -= sum(t for _, t in taken)
             batch = Batch.concat(groups)
             yielded += batch.size
             self.wait_s += time.perf_counter() - t0

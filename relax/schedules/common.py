@@ -9,6 +9,7 @@ import ray
 import torch
 
 from relax.bus import Batch, Bus
+from relax.bus.loader import groups_that_fit
 from relax.moe.fields import r3_fields
 
 POLL_S = 0.005
@@ -57,9 +58,8 @@ def align(batch: Batch, other: Batch, field: str) -> list:
 
 
 class WholeBatchLoader:
-    """Micro-batches of whole groups cut from a batch already in memory (same packing rule as the streaming
-    loader: consecutive groups while their tokens fit `micro_batch_tokens`). `wait_s` is 0: the schedule
-    records its own waits."""
+    """Micro-batches of whole groups cut from a batch already in memory, by the streaming loader's packing rule
+    (`relax.bus.loader.groups_that_fit`). `wait_s` is 0: the schedule records its own waits."""
 
     def __init__(self, batch: Batch, group_size: int, micro_batch_tokens: int, length_field: str = "total_len"):
         if batch.size % group_size:
@@ -69,15 +69,12 @@ class WholeBatchLoader:
 
     def __iter__(self):
         lengths = self.batch[self.length_field].tolist()
-        start, tokens = 0, 0
-        for lo in range(0, self.batch.size, self.G):
-            t = sum(lengths[lo:lo + self.G])
-            if lo > start and tokens + t > self.budget:
-                yield self.batch.select(list(range(start, lo)))
-                start, tokens = lo, 0
-            tokens += t
-        if start < self.batch.size:
-            yield self.batch.select(list(range(start, self.batch.size)))
+        group_tokens = [sum(lengths[lo:lo + self.G]) for lo in range(0, self.batch.size, self.G)]
+        first = 0  # index of the next group to pack
+        while first < len(group_tokens):
+            n = groups_that_fit(group_tokens[first:], self.budget)
+            yield self.batch.select(list(range(first * self.G, (first + n) * self.G)))
+            first += n
 
 
 def drive(ctx, bar, futures: dict, until: str = "actor") -> None:

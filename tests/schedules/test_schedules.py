@@ -130,3 +130,20 @@ def test_openrlhf_weight_broadcast_never_overlaps_generation(runs):
         assert refs[refs.step == k].start.min() >= took - 1e-6
     assert set(_spans(trace, "actor", "old_logprob").step) == {0, 1, 2}
     assert (metrics.queue_wait_s >= 0).all() and "broadcast_lock_wait_s" in metrics
+
+
+def test_whole_batch_loader_packs_by_the_streaming_loaders_rule():
+    import torch
+
+    from relax.bus import Batch
+    from relax.bus.loader import groups_that_fit
+    from relax.schedules.common import WholeBatchLoader
+
+    assert groups_that_fit([5, 4, 3], 9) == 2  # 5 + 4 fits, + 3 does not
+    assert groups_that_fit([12, 1], 9) == 1  # a group over budget goes alone, never split
+    assert groups_that_fit([1, 1, 1], 9) == 3
+    # Groups of 2 rows with 5, 4, 3, 12, 1 tokens, budget 9: micro-batches [5, 4], [3], [12], [1].
+    lengths = [3, 2, 2, 2, 1, 2, 6, 6, 0, 1]
+    batch = Batch(step=0, indexes=list(range(10)), data={"total_len": torch.tensor(lengths)}, row_meta=[{}] * 10)
+    sizes = [b.size for b in WholeBatchLoader(batch, 2, 9)]
+    assert sizes == [4, 2, 2, 2]
