@@ -113,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     from relax.api.cli import register as register_scale
 
     register_scale(sub)
+    from relax.sim.cli import register as register_simulate; register_simulate(sub)
 
     rep = sub.add_parser("report", help="a table of runs (steps/hour, step time, reward, accuracy, staleness), "
                          "optionally against the paper's published numbers")
