@@ -150,11 +150,11 @@ def _balanced(s: int, train_over_rollout: float = 1.0):
     groups = list(range(probe.P))
     R, _ = probe.cost.generate([(probe.prompt, x) for g in groups for x in probe.resp[0][g]])
     # training alone gets a small MFU, so that T = ratio x R (prefill and decode compute stay free)
-    flops = probe.cost._flops(probe.seq_lens(0, groups), 3.0)
+    flops = probe.cost._flops(*probe.tokens(0, groups), 3.0)
     peak = hw["device"]["peak_flops"]["value"]
     hw["efficiency"]["train_mfu"] = {"value": flops / (peak * train_over_rollout * R), "source": "assumed; test"}
     sim = _sim(cfg, hw)
-    T = sim.cost.train_time(sim.seq_lens(0, groups))
+    T = sim.cost.train_time(*sim.tokens(0, groups))
     return sim.run(), R, T
 
 
@@ -178,6 +178,23 @@ def test_staleness_zero_against_infinity(ratio):
     assert sim_inf.cfg.max_staleness >= sim_inf.steps
     for t in _step_times(sim_inf)[1:]:
         assert t == pytest.approx(max(R, T), rel=1e-9)
+
+
+def test_engine_fast_path_is_the_queued_path():
+    """All requests fit at once: the sorted fast path gives the queue-and-heap path's times exactly; a KV cache
+    too small for all of them queues the rest and takes longer."""
+    cfg = _cfg()
+    c = CostModel(cfg, model_shape(cfg), load_hardware("h800"))
+    rng = random.Random(0)
+    over, arms = c.step_overhead, c.decode_arms
+    for _ in range(100):
+        reqs = [(float(rng.choice([5, 10])), rng.randint(1, 40)) for _ in range(rng.randint(1, 20))]
+        fast = c._generate_all_admitted(reqs, over, arms)
+        queued = c._generate_queued(reqs, float("inf"), 10**6, over, arms)
+        assert fast[0] == pytest.approx(queued[0], rel=1e-12)
+        assert fast[1] == pytest.approx(queued[1], rel=1e-12)
+        small = c._generate_queued(reqs, max(p + n for p, n in reqs), 10**6, over, arms)
+        assert small[0] >= fast[0] * (1 - 1e-12)
 
 
 @pytest.mark.parametrize("s", [0, 1, 2, 3])

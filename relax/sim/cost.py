@@ -150,10 +150,17 @@ class CostModel:
         max_running_requests and its reserved KV (prompt + response of each) fits the cache."""
         cap = self.kv_capacity_tokens() if self.hw.kind == "gpu" else float("inf")
         max_run = int(self.hw.rollout.max_running_requests.at(self.b))
+        over, arms = self.step_overhead, self.decode_arms
+        if len(requests) <= max_run and sum(p + n for p, n in requests) <= cap:
+            return self._generate_all_admitted(requests, over, arms)
+        return self._generate_queued(requests, cap, max_run, over, arms)
+
+    def _generate_queued(self, requests, cap, max_run, over, arms) -> tuple[float, list[float]]:
         pending = deque(range(len(requests)))
         active: list[tuple[int, int]] = []  # (finish step, request)
         finish = [0.0] * len(requests)
         t, step, context, reserved = 0.0, 0, 0.0, 0.0
+        push, pop = heapq.heappush, heapq.heappop
         while pending or active:
             admitted = []
             while pending and len(active) < max_run:
@@ -165,28 +172,53 @@ class CostModel:
                 admitted.append(p)
                 reserved += p + n
                 context += p
-                heapq.heappush(active, (step + max(int(n), 1), i))
+                push(active, (step + max(int(n), 1), i))
             if admitted:
                 t += self.prefill_time(admitted)
             n_steps = active[0][0] - step
             b = len(active)
-            t += self.decode_time(b, context, n_steps)
+            a, bm, c, dm = arms(b)
+            t += _exact_sum_max(a + bm * context, bm * b, c + dm * context, dm * b, n_steps) + n_steps * over
             context += b * n_steps
             step += n_steps
             while active and active[0][0] == step:
-                _, i = heapq.heappop(active)
+                _, i = pop(active)
                 p, n = requests[i]
                 finish[i] = t
                 context -= p + max(int(n), 1)
                 reserved -= p + n
         return t, finish
 
+    def _generate_all_admitted(self, requests, over, arms) -> tuple[float, list[float]]:
+        """`generate` when every request fits at once: one prefill, then segments between finishes (the same
+        arithmetic as the general path, without its queue and heap)."""
+        t = self.prefill_time([p for p, _ in requests])
+        order = sorted(range(len(requests)), key=lambda i: requests[i][1])
+        context = sum(p for p, _ in requests)
+        finish = [0.0] * len(requests)
+        step, b, j = 0, len(requests), 0
+        while j < len(order):
+            end = max(int(requests[order[j]][1]), 1)
+            n_steps = end - step
+            if n_steps > 0:
+                a, bm, c, dm = arms(b)
+                t += _exact_sum_max(a + bm * context, bm * b, c + dm * context, dm * b, n_steps) + n_steps * over
+                context += b * n_steps
+                step = end
+            while j < len(order) and max(int(requests[order[j]][1]), 1) == step:
+                i = order[j]
+                finish[i] = t
+                context -= requests[i][0] + step
+                b -= 1
+                j += 1
+        return t, finish
+
     # --- training and forwards --------------------------------------------------------------------------
-    def _flops(self, seq_lens: list[float], passes: float) -> float:
+    def _flops(self, tokens: float, sumsq: float, passes: float) -> float:
+        """`passes` forwards over sequences of `tokens` tokens in all, `sumsq` the sum of their squared lengths
+        (causal attention: 2 x layers x heads x head_dim x L^2 per sequence and forward)."""
         s = self.shape
-        tokens = sum(seq_lens)
-        return passes * (2.0 * s.active_params * tokens + 2.0 * s.num_layers * s.attn_width *
-                         sum(x * x for x in seq_lens))
+        return passes * (2.0 * s.active_params * tokens + 2.0 * s.num_layers * s.attn_width * sumsq)
 
     def _parallel(self, role: str):
         from relax.config import role_parallel
@@ -197,14 +229,14 @@ class CostModel:
         pp = self._parallel(role).pipeline
         return 1.0 + (pp - 1) / max(micro_batches, 1.0)
 
-    def train_time(self, seq_lens: list[float], micro_batches_per_step: float = 1.0) -> float:
+    def train_time(self, tokens: float, sumsq: float, micro_batches_per_step: float = 1.0) -> float:
         passes = 4.0 if self.opt.recompute else 3.0
         mfu = self.eff["train_mfu_moe" if self.shape.moe else "train_mfu"]
-        t = self._flops(seq_lens, passes) / (self.role_devices("actor") * self.peak * mfu)
+        t = self._flops(tokens, sumsq, passes) / (self.role_devices("actor") * self.peak * mfu)
         return t * self.pipeline_stretch("actor", micro_batches_per_step)
 
-    def forward_time(self, seq_lens: list[float], role: str) -> float:
-        return self._flops(seq_lens, 1.0) / (self.role_devices(role) * self.peak * self.eff["forward_mfu"])
+    def forward_time(self, tokens: float, sumsq: float, role: str) -> float:
+        return self._flops(tokens, sumsq, 1.0) / (self.role_devices(role) * self.peak * self.eff["forward_mfu"])
 
     def data_parallel(self, role: str = "actor") -> int:
         p = self._parallel(role)
@@ -245,11 +277,13 @@ class CostModel:
     def wake_time(self) -> float:
         return self.sleep_time() + self.weight_load_time()
 
-    def row_bytes(self, prompt: float, response: float) -> float:
-        b = (prompt + response) * 8 + response * 4 * 2  # ids (int64), rollout log-probs and one more float field
+    def rows_bytes(self, rows: int, prompt: float, response_tokens: float) -> float:
+        """Bus bytes of `rows` rows of `prompt` tokens each and `response_tokens` in all: token ids (int64), rollout
+        log-probs and one more float field per response token; with R3, each routed token's expert ids (uint8)."""
+        b = (rows * prompt + response_tokens) * 8 + response_tokens * 4 * 2
         if self.cfg.moe.r3 and self.shape.moe:
-            routed = (prompt + response) if self.cfg.moe.r3_prompt else response
-            b += routed * self.shape.num_layers * self.shape.experts_per_token  # uint8 expert ids
+            routed = (rows * prompt + response_tokens) if self.cfg.moe.r3_prompt else response_tokens
+            b += routed * self.shape.num_layers * self.shape.experts_per_token
         return b
 
     def bus_time(self, rows: int, nbytes: float) -> float:

@@ -76,6 +76,23 @@ class LengthModel:
         mu, s = math.log(mean) - s2 / 2, math.sqrt(s2)
         return [min(cap, max(1, round(rng.lognormvariate(mu, s)))) for _ in range(G)]
 
+    def draw(self, seed: int, steps: int, P: int, G: int) -> list[list[list[int]]]:
+        """Response lengths [step][group][sample] of a whole run, drawn at once (numpy; deterministic for a seed)."""
+        import numpy as np
+
+        rng, cap = np.random.default_rng(seed), self.max_new_tokens
+        if self.empirical:
+            x = rng.choice(np.asarray(self.empirical, dtype=float), size=(steps, P, G))
+        elif self.cv <= 0:
+            x = np.full((steps, P, G), float(self.mean))
+        else:
+            s2 = math.log1p(self.cv ** 2)
+            x = rng.lognormal(math.log(self.mean) - s2 / 2, math.sqrt(s2), size=(steps, P, G))
+        if self.group_cv > 0 and not self.empirical:
+            gs2 = math.log1p(self.group_cv ** 2)
+            x = x * rng.lognormal(-gs2 / 2, math.sqrt(gs2), size=(steps, P, 1))
+        return np.clip(np.rint(x), 1, cap).astype(int).tolist()
+
     @property
     def expected(self) -> float:
         """Mean response length after truncation."""

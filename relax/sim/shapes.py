@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import yaml
@@ -39,47 +40,47 @@ class ModelShape:
     def moe(self) -> bool:
         return self.num_experts > 0
 
-    @property
+    @cached_property
     def attn_params(self) -> int:  # per layer: q, k, v, o projections and the q/k norms
         h, d = self.hidden_size, self.head_dim
         return h * self.num_heads * d * 2 + 2 * h * self.num_kv_heads * d + 2 * d
 
-    @property
+    @cached_property
     def expert_params(self) -> int:  # one SwiGLU expert (gate, up, down)
         return 3 * self.hidden_size * self.moe_intermediate_size
 
-    @property
+    @cached_property
     def mlp_params(self) -> int:  # per layer, all of it
         if self.moe:
             return self.num_experts * self.expert_params + self.hidden_size * self.num_experts
         return 3 * self.hidden_size * self.intermediate_size
 
-    @property
+    @cached_property
     def mlp_active_params(self) -> int:  # per layer, what one token passes through
         if self.moe:
             return self.experts_per_token * self.expert_params + self.hidden_size * self.num_experts
         return self.mlp_params
 
-    @property
+    @cached_property
     def embedding_params(self) -> int:
         return self.vocab_size * self.hidden_size * (1 if self.tie_embeddings else 2)
 
-    @property
+    @cached_property
     def layer_params(self) -> int:
         return self.attn_params + self.mlp_params + 2 * self.hidden_size
 
-    @property
+    @cached_property
     def total_params(self) -> int:
         return self.num_layers * self.layer_params + self.embedding_params + self.hidden_size
 
-    @property
+    @cached_property
     def active_params(self) -> int:
         """Parameters one token's forward multiplies through (the 2N / 6N of FLOP counts): every layer's
         attention and active MLP, and the output head (a matmul even when tied to the embedding)."""
         per_layer = self.attn_params + self.mlp_active_params
         return self.num_layers * per_layer + self.vocab_size * self.hidden_size
 
-    @property
+    @cached_property
     def attn_width(self) -> int:  # heads x head_dim: the width of QK^T and AV
         return self.num_heads * self.head_dim
 

@@ -16,7 +16,6 @@ simulated trace like a measured one.
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass, field
 
 import simpy
@@ -118,10 +117,15 @@ class Simulation:
         self.cfg, self.cost, self.lengths, self.record = cfg, cost, lengths, record
         self.env = simpy.Environment()
         self.steps, self.P, self.G = cfg.steps, cfg.rollout.prompts_per_step, cfg.rollout.group_size
-        rng = random.Random(cfg.seed)
         # Response lengths of every group of every partition, drawn once (the same for every schedule).
-        self.resp = [[lengths.draw_group(rng, self.G) for _ in range(self.P)] for _ in range(self.steps)]
+        self.resp = lengths.draw(cfg.seed, self.steps, self.P, self.G)
         self.prompt = lengths.prompt_tokens
+        # Per group: response tokens, sequence tokens, sum of squared sequence lengths (attention), bus bytes.
+        p = self.prompt
+        self.g_resp = [[sum(g) for g in step] for step in self.resp]
+        self.g_tok = [[len(g) * p + sum(g) for g in step] for step in self.resp]
+        self.g_sq = [[sum((p + x) * (p + x) for x in g) for g in step] for step in self.resp]
+        self.g_bytes = [[cost.rows_bytes(len(g), p, sum(g)) for g in step] for step in self.resp]
         self.order: list[list[int]] = [[] for _ in range(self.steps)]  # groups in the order they landed
         self.group_version = [[0] * self.P for _ in range(self.steps)]
         self.spans: list[Span] = []
@@ -142,12 +146,14 @@ class Simulation:
         if self.record and self.env.now > start:
             self.spans.append(Span(role, name, step, start, self.env.now, args))
 
-    def seq_lens(self, k: int, groups) -> list[float]:
-        return [self.prompt + x for g in groups for x in self.resp[k][g]]
+    def tokens(self, k: int, groups) -> tuple[float, float]:
+        """(sequence tokens, sum of squared sequence lengths) of these groups of partition k."""
+        tok, sq = self.g_tok[k], self.g_sq[k]
+        return sum(tok[g] for g in groups), sum(sq[g] for g in groups)
 
     def rows_bytes(self, k: int, groups) -> tuple[int, float]:
-        rows = len(groups) * self.G
-        return rows, sum(self.cost.row_bytes(self.prompt, x) for g in groups for x in self.resp[k][g])
+        b = self.g_bytes[k]
+        return len(groups) * self.G, sum(b[g] for g in groups)
 
     def claim(self, upto: int) -> tuple[int, list[int]] | None:
         for j in range(upto + 1):
@@ -198,16 +204,22 @@ class Simulation:
     def wait_fields(self, k: int, names: list[str], need: int):
         """Until every field in `names` has >= need groups of partition k ready."""
         while min(self.fields[f].counts[k] for f in names) < need:
-            yield self.env.any_of([self.fields[f].changed for f in names])
+            yield self.wait_more(k, names)
+
+    def wait_more(self, k: int, names: list[str]) -> simpy.Event:
+        """The next change of the field of `names` with the fewest groups of partition k ready: what all of them
+        have ready cannot grow before it does (cheaper than a SimPy condition over every field)."""
+        return self.fields[min(names, key=lambda f: self.fields[f].counts[k])].changed
 
     # --- streaming services (relax; reward and advantages in every async schedule) -------------------------
     def service(self, role: str, name: str, inputs: list[str], output: str, work):
+        fields = [self.fields[f] for f in inputs]
         for k in range(self.steps):
             done = 0
             while done < self.P:
-                avail = min(self.fields[f].counts[k] for f in inputs) - done
+                avail = (fields[0].counts[k] if len(fields) == 1 else min(f.counts[k] for f in fields)) - done
                 if avail <= 0:
-                    yield self.env.any_of([self.fields[f].changed for f in inputs])
+                    yield self.wait_more(k, inputs)
                     continue
                 groups = self.order[k][done:done + avail]
                 t0 = self.env.now
@@ -224,10 +236,10 @@ class Simulation:
         return self.cost.advantages_time(len(groups) * self.G)
 
     def _ref(self, k, groups):
-        return self.cost.forward_time(self.seq_lens(k, groups), "reference")
+        return self.cost.forward_time(*self.tokens(k, groups), "reference")
 
     def _fwd(self, k, groups):
-        return self.cost.forward_time(self.seq_lens(k, groups), "actor_fwd")
+        return self.cost.forward_time(*self.tokens(k, groups), "actor_fwd")
 
     def start_services(self, reference: bool = True) -> None:
         env = self.env
@@ -243,7 +255,7 @@ class Simulation:
         budget = self.cost.micro_batch_tokens()
         out, cur, tokens = [], [], 0.0
         for g in groups:
-            t = sum(self.seq_lens(k, [g]))
+            t = self.g_tok[k][g]
             if cur and tokens + t > budget:
                 out.append(cur)
                 cur, tokens = [], 0.0
@@ -257,7 +269,7 @@ class Simulation:
     def train_micro_batch(self, k: int, groups: list[int], m: float):
         t0 = self.env.now
         rows, nbytes = self.rows_bytes(k, groups)
-        yield self.env.timeout(self.cost.train_time(self.seq_lens(k, groups), m) + self.cost.bus_time(rows, nbytes))
+        yield self.env.timeout(self.cost.train_time(*self.tokens(k, groups), m) + self.cost.bus_time(rows, nbytes))
         self.span("actor", "train_micro_batch", k, t0, rows=rows)
 
     def finish_step(self, k: int, publish: bool = True):
@@ -291,13 +303,13 @@ class Simulation:
                 avail = min(self.fields[f].counts[k] for f in inputs) - done
                 if avail <= 0:
                     t0 = self.env.now
-                    yield self.env.any_of([self.fields[f].changed for f in inputs])
+                    yield self.wait_more(k, inputs)
                     wait += self.env.now - t0
                     continue
                 # StreamingLoader: the first ready group, then more while they fit the token budget
                 take, tokens = [], 0.0
                 for g in self.order[k][done:done + avail]:
-                    t = sum(self.seq_lens(k, [g]))
+                    t = self.g_tok[k][g]
                     if take and tokens + t > budget:
                         break
                     take.append(g)
@@ -387,11 +399,11 @@ class Simulation:
             if k + 1 < self.steps:
                 gen[k + 1] = self.env.process(self.generate_partition(k + 1))
             t2 = self.env.now
-            yield self.env.timeout(self.cost.forward_time(self.seq_lens(k, groups), "actor"))
+            yield self.env.timeout(self.cost.forward_time(*self.tokens(k, groups), "actor"))
             self.span("actor", "old_logprob", k, t2, rows=rows)
             if self.has_ref:
                 t3 = self.env.now
-                yield self.env.timeout(self.cost.forward_time(self.seq_lens(k, groups), "actor"))
+                yield self.env.timeout(self.cost.forward_time(*self.tokens(k, groups), "actor"))
                 self.span("actor", "ref_forward", k, t3, rows=rows)
             m = self.expected_micro_batches(k)
             for mb in self.micro_batches(k, groups):
@@ -442,7 +454,7 @@ class Simulation:
             if self.has_ref:
                 ref = self.env.process(self._ref_call(k, groups))
             t1 = self.env.now
-            yield self.env.timeout(self.cost.forward_time(self.seq_lens(k, groups), "actor"))
+            yield self.env.timeout(self.cost.forward_time(*self.tokens(k, groups), "actor"))
             self.span("actor", "old_logprob", k, t1, rows=rows)
             if ref is not None:
                 t2 = self.env.now
