@@ -301,3 +301,27 @@ def test_truncated_lengths():
     draws = [x for _ in range(4000) for x in lm.draw_group(rng, 1)]
     assert max(draws) <= 1000
     assert sum(draws) / len(draws) == pytest.approx(300, rel=0.05)
+
+
+# --- relax profile ------------------------------------------------------------------------------------------
+def test_profile_measures_a_loadable_cpu_profile(tmp_path):
+    """`relax profile` writes every number as measured (or says what it did not measure), in the schema the
+    simulator loads; a simulation on it runs."""
+    from relax.sim.measure import measure
+
+    cfg = _cfg(**{"resources.rollout": {"threads": 1}, "resources.actor": {"threads": 1},
+                  "task.name": "basic_arithmetic", "rollout.max_new_tokens": 4})
+    prof = measure(cfg, ray_costs=False, reps=1)
+    prof.pop("prompt_tokens_mean")
+    p = tmp_path / "cpu.yaml"
+    p.write_text(yaml.safe_dump(prof))
+    hw = load_hardware(p)
+    assert hw.measured and hw.kind == "cpu"
+    for section in ("device", "links", "efficiency", "rollout", "overheads"):
+        for name, v in getattr(hw, section):
+            if v is not None:
+                assert v.source.startswith("measured"), f"{section}.{name}"
+    assert hw.rollout.step_overhead_s.value > 0 and hw.device.peak_flops.value > 1e8
+    sim = Simulation(cfg, CostModel(cfg, model_shape(cfg), hw),
+                     LengthModel(prompt_tokens=10, max_new_tokens=4, mean=3, cv=0.5, source="test")).run()
+    assert len(sim.step_end) == cfg.steps

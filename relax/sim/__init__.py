@@ -28,11 +28,22 @@ def build(cfg: ExperimentConfig, hardware: str, band: str = "mid", recompute: bo
         from relax.sim.lengths import length_model as _lm
 
         base = _lm(cfg.task.name, cfg.rollout.max_new_tokens, band) if _has_file(cfg.task.name) else None
-        lm = fit_run(lengths, cfg.rollout.max_new_tokens, base.prompt_tokens if base else 16.0,
+        # cv: the task file's, else assumed 0.5 (the metrics give only the mean)
+        lm = fit_run(lengths, cfg.rollout.max_new_tokens, base.prompt_tokens if base else prompt_tokens(cfg),
                      base.cv if base else 0.5)
     else:
         lm = length_model(cfg.task.name, cfg.rollout.max_new_tokens, band, lengths)
     return Simulation(cfg, cost, lm, record=record)
+
+
+def prompt_tokens(cfg: ExperimentConfig, n: int = 64) -> float:
+    """Mean prompt length in tokens of the task's first `n` training prompts (its own generator and tokenizer)."""
+    from relax.models import build_tokenizer
+    from relax.tasks import make_task
+
+    task, tok = make_task(cfg.task, cfg.seed, "train"), build_tokenizer(cfg.model)
+    n = min(n, cfg.task.size)
+    return sum(len(tok.encode(task[i].prompt)) for i in range(n)) / n
 
 
 def _has_file(task: str) -> bool:

@@ -27,6 +27,9 @@ def register(sub) -> None:
     p.add_argument("--no-write", action="store_true", help="print only, write no run folder")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=main)
+    from relax.sim.measure import register as register_profile
+
+    register_profile(sub)
 
 
 def main(args) -> int:

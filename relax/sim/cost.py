@@ -75,7 +75,8 @@ class CostModel:
         r = getattr(self.cfg.resources, role)
         if self.hw.kind == "gpu":
             return float(r.gpus)
-        return float(r.threads) if (r.cpus > 0 or role != "actor_fwd") else 0.0
+        # cpu: a measured profile prices one role's whole core share (`relax profile` times it at the config's threads)
+        return 1.0 if (r.cpus > 0 or role != "actor_fwd") else 0.0
 
     def role_devices(self, role: str) -> float:
         n = self.devices.get(role, 0.0)
@@ -233,10 +234,15 @@ class CostModel:
         passes = 4.0 if self.opt.recompute else 3.0
         mfu = self.eff["train_mfu_moe" if self.shape.moe else "train_mfu"]
         t = self._flops(tokens, sumsq, passes) / (self.role_devices("actor") * self.peak * mfu)
-        return t * self.pipeline_stretch("actor", micro_batches_per_step)
+        return t * self.pipeline_stretch("actor", micro_batches_per_step) + self._fixed("train_micro_batch_s")
 
     def forward_time(self, tokens: float, sumsq: float, role: str) -> float:
-        return self._flops(tokens, sumsq, 1.0) / (self.role_devices(role) * self.peak * self.eff["forward_mfu"])
+        return self._flops(tokens, sumsq, 1.0) / (self.role_devices(role) * self.peak * self.eff["forward_mfu"]) \
+            + self._fixed("forward_call_s")
+
+    def _fixed(self, name: str) -> float:
+        v = getattr(self.hw.overheads, name)
+        return v.at(self.b) if v is not None else 0.0
 
     def data_parallel(self, role: str = "actor") -> int:
         p = self._parallel(role)

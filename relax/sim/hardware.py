@@ -109,6 +109,10 @@ class Overheads(_Strict):
     optimizer_bytes_per_param: Sourced  # memory traffic of one optimizer step per parameter (Adam, fp32 master)
     reward_per_sample_s: Sourced  # rule reward (math-verify) per sample, on a CPU worker
     advantages_per_row_s: Sourced
+    # Fixed cost of one trainer micro-batch / one log-prob forward call besides its FLOPs (Python, kernel launch):
+    # what dominates tiny models on a CPU. Measured by `relax profile`; absent (0) in the GPU datasheet profiles.
+    train_micro_batch_s: Sourced | None = None
+    forward_call_s: Sourced | None = None
 
 
 class HardwareProfile(_Strict):
