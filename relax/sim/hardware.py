@@ -56,7 +56,7 @@ class Device(_Strict):
     peak_flops: Sourced  # dense bf16 tensor FLOP/s (cpu: measured matmul FLOP/s of one role's threads)
     memory_bytes: Sourced
     memory_bw: Sourced  # bytes/s of HBM (cpu: DRAM copy bandwidth)
-    per_node: Sourced  # devices per node
+    per_node: Sourced  # devices per node (cpu: the cores all roles share; the simulator queues work for them)
 
     @model_validator(mode="after")
     def _positive(self) -> "Device":

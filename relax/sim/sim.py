@@ -140,8 +140,22 @@ class Simulation:
         self.has_fwd = (r.cpus > 0 or r.gpus > 0) and cfg.schedule == "relax"
         self.loaded = [0] * cfg.rollout.replicas  # weight version each replica holds
         self.next_group = [0] * self.steps  # the GroupQueue: next group of each partition never handed out
+        hw = cost.hw
+        self.cores = simpy.Container(self.env, capacity=int(hw.device.per_node.value),
+                                     init=int(hw.device.per_node.value)) if hw.kind == "cpu" else None
 
     # --- helpers ------------------------------------------------------------------------------------------
+    def busy(self, role: str, seconds: float):
+        """`role` works for `seconds`. On a CPU profile the roles share the machine's cores (device.per_node):
+        the work first takes the role's threads' worth of cores, first come first served, and holds them."""
+        if self.cores is None:
+            yield self.env.timeout(seconds)
+            return
+        n = min(getattr(self.cfg.resources, role).threads, self.cores.capacity)
+        yield self.cores.get(n)
+        yield self.env.timeout(seconds)
+        yield self.cores.put(n)
+
     def span(self, role, name, step, start, **args) -> None:
         if self.record and self.env.now > start:
             self.spans.append(Span(role, name, step, start, self.env.now, args))
@@ -169,7 +183,7 @@ class Simulation:
         t0 = self.env.now
         dur, _ = self.cost.generate([(self.prompt, x) for g in groups for x in self.resp[k][g]])
         rows, nbytes = self.rows_bytes(k, groups)
-        yield self.env.timeout(dur + self.cost.bus_time(rows, nbytes))
+        yield from self.busy("rollout", dur + self.cost.bus_time(rows, nbytes))
         for g in groups:
             self.group_version[k][g] = self.loaded[r]
         self.order[k].extend(groups)
@@ -183,7 +197,7 @@ class Simulation:
             yield from self.versions.wait(min_version)
         if self.versions.version > self.loaded[r]:
             t1 = self.env.now
-            yield self.env.timeout(self.cost.weight_load_time())
+            yield from self.busy("rollout", self.cost.weight_load_time())
             self.loaded[r] = self.versions.version
             self.step_extra.setdefault(step, {}).setdefault("weight_load_s", 0.0)
             self.step_extra[step]["weight_load_s"] += self.env.now - t1
@@ -224,7 +238,7 @@ class Simulation:
                 groups = self.order[k][done:done + avail]
                 t0 = self.env.now
                 rows, nbytes = self.rows_bytes(k, groups)
-                yield self.env.timeout(work(k, groups) + self.cost.bus_time(rows, nbytes))
+                yield from self.busy(role, work(k, groups) + self.cost.bus_time(rows, nbytes))
                 self.span(role, name, k, t0, rows=rows)
                 done += avail
                 self.fields[output].add(k, avail)
@@ -269,16 +283,16 @@ class Simulation:
     def train_micro_batch(self, k: int, groups: list[int], m: float):
         t0 = self.env.now
         rows, nbytes = self.rows_bytes(k, groups)
-        yield self.env.timeout(self.cost.train_time(*self.tokens(k, groups), m) + self.cost.bus_time(rows, nbytes))
+        yield from self.busy("actor", self.cost.train_time(*self.tokens(k, groups), m) + self.cost.bus_time(rows, nbytes))
         self.span("actor", "train_micro_batch", k, t0, rows=rows)
 
     def finish_step(self, k: int, publish: bool = True):
         t0 = self.env.now
-        yield self.env.timeout(self.cost.optimizer_time())
+        yield from self.busy("actor", self.cost.optimizer_time())
         self.span("actor", "optimizer_step", k, t0)
         if publish:
             t1 = self.env.now
-            yield self.env.timeout(self.cost.publish_time())
+            yield from self.busy("actor", self.cost.publish_time())
             self.span("actor", "weight_publish", k, t1)
             self.step_extra.setdefault(k, {})["weight_sync_s"] = self.env.now - t1
         self.versions.publish(k + 1)
@@ -355,13 +369,13 @@ class Simulation:
             t_start = self.env.now
             if k > 0:
                 t0 = self.env.now
-                yield self.env.timeout(self.cost.wake_time())
+                yield from self.busy("rollout", self.cost.wake_time())
                 self.loaded = [self.versions.version] * len(self.loaded)
                 self.span("rollout", "wake", k, t0)
                 self.step_extra.setdefault(k, {})["sleep_wake_s"] = self.env.now - t0
             yield from self.generate_partition(k)
             t0 = self.env.now
-            yield self.env.timeout(self.cost.sleep_time())
+            yield from self.busy("rollout", self.cost.sleep_time())
             self.span("rollout", "sleep", k, t0)
             e = self.step_extra.setdefault(k, {})
             e["sleep_wake_s"] = e.get("sleep_wake_s", 0.0) + self.env.now - t0
@@ -373,7 +387,7 @@ class Simulation:
             stages.append(("advantages", "advantages", self._advantages))
             for role, name, work in stages:
                 t0 = self.env.now
-                yield self.env.timeout(work(k, groups) + self.cost.bus_time(rows, nbytes) + self.cost.rpc)
+                yield from self.busy(role, work(k, groups) + self.cost.bus_time(rows, nbytes) + self.cost.rpc)
                 self.span(role, name, k, t0, rows=rows)
             m = self.expected_micro_batches(k)
             for mb in self.micro_batches(k, groups):
@@ -390,7 +404,7 @@ class Simulation:
             yield from self.wait_fields(k, ["advantages"], self.P)
             groups = self.order[k]
             rows, nbytes = self.rows_bytes(k, groups)
-            yield self.env.timeout(self.cost.bus_time(rows, nbytes))
+            yield from self.busy("actor", self.cost.bus_time(rows, nbytes))
             self.span("actor", "rollout_residual", k, t0)
             t1 = self.env.now
             yield self.env.process(self._all_load(k + 1))  # every engine loads the weights: a barrier
@@ -399,11 +413,11 @@ class Simulation:
             if k + 1 < self.steps:
                 gen[k + 1] = self.env.process(self.generate_partition(k + 1))
             t2 = self.env.now
-            yield self.env.timeout(self.cost.forward_time(*self.tokens(k, groups), "actor"))
+            yield from self.busy("actor", self.cost.forward_time(*self.tokens(k, groups), "actor"))
             self.span("actor", "old_logprob", k, t2, rows=rows)
             if self.has_ref:
                 t3 = self.env.now
-                yield self.env.timeout(self.cost.forward_time(*self.tokens(k, groups), "actor"))
+                yield from self.busy("actor", self.cost.forward_time(*self.tokens(k, groups), "actor"))
                 self.span("actor", "ref_forward", k, t3, rows=rows)
             m = self.expected_micro_batches(k)
             for mb in self.micro_batches(k, groups):
@@ -446,7 +460,7 @@ class Simulation:
             yield from self.wait_fields(k, ["advantages"], self.P)
             groups = self.order[k]
             rows, nbytes = self.rows_bytes(k, groups)
-            yield self.env.timeout(self.cost.bus_time(rows, nbytes))
+            yield from self.busy("actor", self.cost.bus_time(rows, nbytes))
             self.span("actor", "trainer_wait", k, t0)
             queue_wait = self.env.now - t0
             yield slots.put(1)
@@ -454,7 +468,7 @@ class Simulation:
             if self.has_ref:
                 ref = self.env.process(self._ref_call(k, groups))
             t1 = self.env.now
-            yield self.env.timeout(self.cost.forward_time(*self.tokens(k, groups), "actor"))
+            yield from self.busy("actor", self.cost.forward_time(*self.tokens(k, groups), "actor"))
             self.span("actor", "old_logprob", k, t1, rows=rows)
             if ref is not None:
                 t2 = self.env.now
@@ -464,7 +478,7 @@ class Simulation:
             for mb in self.micro_batches(k, groups):
                 yield from self.train_micro_batch(k, mb, m)
             t3 = self.env.now
-            yield self.env.timeout(self.cost.optimizer_time())
+            yield from self.busy("actor", self.cost.optimizer_time())
             self.span("actor", "optimizer_step", k, t3)
             t4 = self.env.now
             req = lock.request()
@@ -472,7 +486,7 @@ class Simulation:
             self.span("actor", "broadcast_lock_wait", k, t4)
             lock_wait = self.env.now - t4
             t5 = self.env.now
-            yield self.env.timeout(self.cost.publish_time())
+            yield from self.busy("actor", self.cost.publish_time())
             self.span("actor", "weight_publish", k, t5)
             lock.release(req)
             self.step_extra.setdefault(k, {})["weight_sync_s"] = self.env.now - t5
@@ -482,7 +496,7 @@ class Simulation:
     def _ref_call(self, k, groups):
         t0 = self.env.now
         rows, nbytes = self.rows_bytes(k, groups)
-        yield self.env.timeout(self._ref(k, groups) + 2 * self.cost.bus_time(rows, nbytes) + self.cost.rpc)
+        yield from self.busy("reference", self._ref(k, groups) + 2 * self.cost.bus_time(rows, nbytes) + self.cost.rpc)
         self.span("reference", "ref_log_probs", k, t0, rows=rows)
 
     # --- run ------------------------------------------------------------------------------------------------
