@@ -1,6 +1,6 @@
 """Benchmark (pytest-benchmark, not a timed assertion): simulate 200 steps of a 1024-GPU configuration.
 
-    pytest tests/bench_sim.py --benchmark-only
+    pytest tests/sim/bench_sim.py --benchmark-only
 
 Qwen3-4B fully async on 1024 H800s: the paper's 16-GPU split (actor 8, rollout 4, reference 2, actor_fwd 2) x 64,
 prompts per step x 64 (2048 prompts x 8 samples), one TP-1 SGLang engine per rollout GPU. Aim: < 60 s.
@@ -14,7 +14,7 @@ from relax.config import load_config
 from relax.sim import build
 import relax.sim.sim  # noqa: F401  (torch, Ray and SimPy imported outside the timed run)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def config_1024(steps: int = 200):
