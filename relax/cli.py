@@ -139,6 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     from relax.api.cli import register as register_scale
 
     register_scale(sub)
+    from relax.sim.cli import register as register_simulate; register_simulate(sub)
 
     ev = sub.add_parser("evaluate", help="held-out accuracy of a run's warm-up start and final weights "
                         "(writes RUN_DIR/eval.json)")

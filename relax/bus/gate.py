@@ -15,6 +15,12 @@ class PartitionTrained(ValueError):
     """A put into a partition the trainer already finished (every one of its groups was trained)."""
 
 
+def can_start(step: int, oldest_unconsumed: int, max_staleness: int) -> bool:
+    """The staleness gate (DESIGN.md section 3): rollout may start partition `step` only while
+    step - oldest_unconsumed <= max_staleness. The Coordinator and the simulator (relax/sim/) both ask this."""
+    return step - oldest_unconsumed <= max_staleness
+
+
 NAME = "relax_bus_coordinator"
 NAMESPACE = "relax"
 
@@ -48,7 +54,7 @@ class Coordinator:
         async with self.changed:
             try:
                 await asyncio.wait_for(
-                    self.changed.wait_for(lambda: step - self.oldest <= self.max_staleness), timeout
+                    self.changed.wait_for(lambda: can_start(step, self.oldest, self.max_staleness)), timeout
                 )
             except asyncio.TimeoutError:
                 raise TimeoutError(

@@ -1,0 +1,315 @@
+"""The cost model: the time of each unit of work from its size, the model's shapes and the hardware profile.
+
+Rollout (one engine replica of `tp` devices, continuous batching): the active batch is bounded by the KV cache
+(devices x memory x mem_fraction - weights, over KV bytes per token) and by max_running_requests. A decode step
+takes max(bytes / (bandwidth x decode_bw), FLOPs / (peak x decode_flops)) + step overhead: bytes are the weights
+it reads (MoE: the experts some token of the batch routes to) and every active request's KV cache; FLOPs are
+2 x active params per token plus attention over the context. Prefill: 2 x active params per prompt token plus
+causal attention, at prefill efficiency.
+
+Training: 6 x active params x tokens plus causal attention (6 x layers x heads x head_dim x L^2 per sequence),
+x 4/3 with full activation recompute, over devices x peak x MFU, stretched by the pipeline bubble; the step ends
+with the data-parallel gradient all-reduce over the link and the optimizer's memory traffic. Log-prob forwards:
+a third of that (2 N and a forward's attention) at forward_mfu. Weight sync: the bf16 weights over the link
+between the pools plus the engine's pause/flush. Colocate: sleep/wake moves the engine's weights over the host
+link, plus a fixed part.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from dataclasses import dataclass
+
+from relax.config import ConfigError, ExperimentConfig
+from relax.sim.hardware import HardwareProfile
+from relax.sim.shapes import ModelShape
+
+
+@dataclass(frozen=True)
+class SimOptions:
+    band: str = "mid"  # low | mid | high: which end of each sourced band (efficiencies, overheads)
+    recompute: bool = False  # full activation recompute in training (Megatron --recompute-granularity full)
+
+
+def _exact_sum_max(a: float, b: float, c: float, d: float, n: int) -> float:
+    """sum_{j=0}^{n-1} max(a + b j, c + d j), exactly (both arms linear in j)."""
+    if n <= 0:
+        return 0.0
+
+    def arm(x, y, lo, hi):  # sum_{j=lo}^{hi-1} (x + y j)
+        m = hi - lo
+        return m * x + y * (lo + hi - 1) * m / 2 if m > 0 else 0.0
+
+    if b == d:
+        return arm(max(a, c), b, 0, n)
+    j = (c - a) / (b - d)  # arms cross at j
+    first_a = a >= c  # arm 1 is the max at j = 0
+    k = min(max(math.ceil(j) if j > 0 else 0, 0), n)
+    if first_a:  # arm 1 until it is overtaken (b < d)
+        return arm(a, b, 0, k) + arm(c, d, k, n) if b < d else arm(a, b, 0, n)
+    return arm(c, d, 0, k) + arm(a, b, k, n) if b > d else arm(c, d, 0, n)
+
+
+class CostModel:
+    def __init__(self, cfg: ExperimentConfig, shape: ModelShape, hw: HardwareProfile,
+                 options: SimOptions = SimOptions()):
+        self.cfg, self.shape, self.hw, self.opt = cfg, shape, hw, options
+        b = options.band
+        self.b = b
+        d, e = hw.device, hw.efficiency
+        self.peak, self.bw, self.mem = d.peak_flops.at(b), d.memory_bw.at(b), d.memory_bytes.at(b)
+        self.per_node = int(d.per_node.value)
+        self.eff = {name: v.at(b) for name, v in e}
+        self.dtype_bytes = 2 if cfg.rollout.dtype == "bfloat16" or hw.kind == "gpu" else 4
+        self.train_bytes = 2 if cfg.training.precision == "bf16" or hw.kind == "gpu" else 4
+        self.devices = {role: self._devices(role) for role in ("rollout", "actor", "reference", "actor_fwd")}
+        self.replicas = cfg.rollout.replicas
+        self.replica_devices = max(self.devices["rollout"] / self.replicas, 1e-9)
+        self._decode_cache: dict = {}
+        self._check_fits()
+
+    # --- layout -------------------------------------------------------------------------------------------
+    def _devices(self, role: str) -> float:
+        r = getattr(self.cfg.resources, role)
+        if self.hw.kind == "gpu":
+            return float(r.gpus)
+        # cpu: a measured profile prices one role's whole core share (`relax profile` times it at the config's threads)
+        return 1.0 if (r.cpus > 0 or role != "actor_fwd") else 0.0
+
+    def role_devices(self, role: str) -> float:
+        n = self.devices.get(role, 0.0)
+        if n <= 0:
+            raise ConfigError(f"resources.{role}.gpus: the {role} needs devices on hardware '{self.hw.name}' "
+                              f"(got {n:g})")
+        return n
+
+    def link(self, a: str, b: str) -> float:
+        """One-way bytes/s between two pools: intra-node when both fit in one node together (or colocate)."""
+        if self.cfg.mode == "colocate" or self.hw.kind == "cpu":
+            return self.hw.links.intra_node.at(self.b) * self.eff["link"]
+        need = self.devices.get(a, 0) + self.devices.get(b, 0)
+        one_node = need <= self.per_node
+        raw = self.hw.links.intra_node if one_node else self.hw.links.inter_node
+        return raw.at(self.b) * self.eff["link"]
+
+    def _check_fits(self) -> None:
+        if self.hw.kind == "gpu" and self.kv_capacity_tokens() < self.cfg.rollout.max_new_tokens:
+            raise ConfigError(
+                f"resources.rollout.gpus: a replica of {self.replica_devices:g} {self.hw.name} GPU(s) holds "
+                f"{self.kv_capacity_tokens():.0f} KV tokens after the weights, less than one response "
+                f"(rollout.max_new_tokens={self.cfg.rollout.max_new_tokens})")
+
+    # --- rollout ------------------------------------------------------------------------------------------
+    @property
+    def weight_bytes(self) -> float:
+        return self.shape.total_params * self.dtype_bytes
+
+    def kv_capacity_tokens(self) -> float:
+        frac = self.hw.rollout.mem_fraction.at(self.b)
+        free = self.replica_devices * self.mem * frac - self.weight_bytes
+        return max(free, 0.0) / self.shape.kv_bytes_per_token(self.dtype_bytes)
+
+    def decode_arms(self, batch: int) -> tuple[float, float, float, float]:
+        """Step time at context C = max(a + b C, c + d C) + overhead: (a, b) memory arm, (c, d) compute arm."""
+        key = batch
+        if key not in self._decode_cache:
+            s, n = self.shape, self.replica_devices
+            bw = n * self.bw * self.eff["decode_bw"]
+            fl = n * self.peak * self.eff["decode_flops"]
+            a = s.expert_params_touched(batch) * self.dtype_bytes / bw
+            bm = s.kv_bytes_per_token(self.dtype_bytes) / bw
+            c = 2.0 * s.active_params * batch / fl
+            dm = 4.0 * s.num_layers * s.attn_width / fl
+            self._decode_cache[key] = (a, bm, c, dm)
+        return self._decode_cache[key]
+
+    @property
+    def step_overhead(self) -> float:
+        over = self.hw.rollout.step_overhead_s.at(self.b)
+        if self.replica_devices > 1:  # two tensor-parallel all-reduces per layer, latency-bound at decode sizes
+            over += 2 * self.shape.num_layers * self.hw.links.latency_s.at(self.b)
+        return over
+
+    def decode_time(self, batch: int, context: float, steps: int = 1) -> float:
+        """`steps` decode steps of `batch` requests, the summed context growing by `batch` per step from
+        `context`."""
+        a, bm, c, dm = self.decode_arms(batch)
+        return _exact_sum_max(a + bm * context, bm * batch, c + dm * context, dm * batch, steps) \
+            + steps * self.step_overhead
+
+    def prefill_time(self, prompt_lens: list[float]) -> float:
+        s = self.shape
+        tokens = sum(prompt_lens)
+        flops = 2.0 * s.active_params * tokens + 2.0 * s.num_layers * s.attn_width * sum(p * p for p in prompt_lens)
+        return flops / (self.replica_devices * self.peak * self.eff["prefill"])
+
+    def generate(self, requests: list[tuple[float, int]]) -> tuple[float, list[float]]:
+        """One engine call: `requests` (prompt tokens, response tokens) under continuous batching on one replica.
+        Returns (duration, finish time of each request). Admission is FIFO while the active batch stays under
+        max_running_requests and its reserved KV (prompt + response of each) fits the cache."""
+        cap = self.kv_capacity_tokens() if self.hw.kind == "gpu" else float("inf")
+        max_run = int(self.hw.rollout.max_running_requests.at(self.b))
+        over, arms = self.step_overhead, self.decode_arms
+        if len(requests) <= max_run and sum(p + n for p, n in requests) <= cap:
+            return self._generate_all_admitted(requests, over, arms)
+        return self._generate_queued(requests, cap, max_run, over, arms)
+
+    def _generate_queued(self, requests, cap, max_run, over, arms) -> tuple[float, list[float]]:
+        pending = deque(range(len(requests)))
+        active: list[tuple[int, int]] = []  # (finish step, request)
+        finish = [0.0] * len(requests)
+        t, step, context, reserved = 0.0, 0, 0.0, 0.0
+        push, pop = heapq.heappush, heapq.heappop
+        while pending or active:
+            admitted = []
+            while pending and len(active) < max_run:
+                i = pending[0]
+                p, n = requests[i]
+                if active and reserved + p + n > cap:
+                    break
+                pending.popleft()
+                admitted.append(p)
+                reserved += p + n
+                context += p
+                push(active, (step + max(int(n), 1), i))
+            if admitted:
+                t += self.prefill_time(admitted)
+            n_steps = active[0][0] - step
+            b = len(active)
+            a, bm, c, dm = arms(b)
+            t += _exact_sum_max(a + bm * context, bm * b, c + dm * context, dm * b, n_steps) + n_steps * over
+            context += b * n_steps
+            step += n_steps
+            while active and active[0][0] == step:
+                _, i = pop(active)
+                p, n = requests[i]
+                finish[i] = t
+                context -= p + max(int(n), 1)
+                reserved -= p + n
+        return t, finish
+
+    def _generate_all_admitted(self, requests, over, arms) -> tuple[float, list[float]]:
+        """`generate` when every request fits at once: one prefill, then segments between finishes (the same
+        arithmetic as the general path, without its queue and heap)."""
+        t = self.prefill_time([p for p, _ in requests])
+        order = sorted(range(len(requests)), key=lambda i: requests[i][1])
+        context = sum(p for p, _ in requests)
+        finish = [0.0] * len(requests)
+        step, b, j = 0, len(requests), 0
+        while j < len(order):
+            end = max(int(requests[order[j]][1]), 1)
+            n_steps = end - step
+            if n_steps > 0:
+                a, bm, c, dm = arms(b)
+                t += _exact_sum_max(a + bm * context, bm * b, c + dm * context, dm * b, n_steps) + n_steps * over
+                context += b * n_steps
+                step = end
+            while j < len(order) and max(int(requests[order[j]][1]), 1) == step:
+                i = order[j]
+                finish[i] = t
+                context -= requests[i][0] + step
+                b -= 1
+                j += 1
+        return t, finish
+
+    # --- training and forwards --------------------------------------------------------------------------
+    def _flops(self, tokens: float, sumsq: float, passes: float) -> float:
+        """`passes` forwards over sequences of `tokens` tokens in all, `sumsq` the sum of their squared lengths
+        (causal attention: 2 x layers x heads x head_dim x L^2 per sequence and forward)."""
+        s = self.shape
+        return passes * (2.0 * s.active_params * tokens + 2.0 * s.num_layers * s.attn_width * sumsq)
+
+    def _parallel(self, role: str):
+        from relax.config import role_parallel
+
+        return role_parallel(self.cfg, role)
+
+    def pipeline_stretch(self, role: str, micro_batches: float) -> float:
+        pp = self._parallel(role).pipeline
+        return 1.0 + (pp - 1) / max(micro_batches, 1.0)
+
+    def train_time(self, tokens: float, sumsq: float, micro_batches_per_step: float = 1.0) -> float:
+        passes = 4.0 if self.opt.recompute else 3.0
+        mfu = self.eff["train_mfu_moe" if self.shape.moe else "train_mfu"]
+        t = self._flops(tokens, sumsq, passes) / (self.role_devices("actor") * self.peak * mfu)
+        return t * self.pipeline_stretch("actor", micro_batches_per_step) + self._fixed("train_micro_batch_s")
+
+    def forward_time(self, tokens: float, sumsq: float, role: str) -> float:
+        return self._flops(tokens, sumsq, 1.0) / (self.role_devices(role) * self.peak * self.eff["forward_mfu"]) \
+            + self._fixed("forward_call_s")
+
+    def _fixed(self, name: str) -> float:
+        v = getattr(self.hw.overheads, name)
+        return v.at(self.b) if v is not None else 0.0
+
+    def data_parallel(self, role: str = "actor") -> int:
+        p = self._parallel(role)
+        return max(int(self.role_devices(role)) // p.model_parallel, 1) if self.hw.kind == "gpu" else 1
+
+    def optimizer_time(self) -> float:
+        """Gradient all-reduce over the data-parallel group, then the optimizer's memory traffic per shard."""
+        p = self._parallel("actor")
+        shard = self.shape.total_params / (p.tensor * p.pipeline)
+        dp = self.data_parallel()
+        t = shard * self.hw.overheads.optimizer_bytes_per_param.at(self.b) / self.bw
+        if dp > 1:
+            devices = self.role_devices("actor")
+            raw = self.hw.links.intra_node if devices <= self.per_node else self.hw.links.inter_node
+            t += 2 * (dp - 1) / dp * shard * 4 / (raw.at(self.b) * self.eff["link"])
+            t += 2 * (dp - 1) * self.hw.links.latency_s.at(self.b)
+        return t
+
+    def micro_batch_tokens(self) -> int:
+        """Tokens the trainer takes per micro-batch across its data-parallel ranks."""
+        return self.cfg.training.micro_batch_tokens * self.data_parallel()
+
+    # --- weights, sleep/wake, bus, control ----------------------------------------------------------------
+    def publish_time(self) -> float:
+        """Trainer side of a weight version: gather the bf16 weights and hand them to DCS."""
+        return self.shape.total_params * 2 / (self.hw.links.intra_node.at(self.b) * self.eff["link"]) \
+            + self.hw.overheads.rpc_s.at(self.b)
+
+    def weight_load_time(self) -> float:
+        """Rollout side: a replica receives the bf16 weights over the link and pauses/flushes."""
+        return self.shape.total_params * 2 / self.link("actor", "rollout") \
+            + self.hw.rollout.weight_load_pause_s.at(self.b)
+
+    def sleep_time(self) -> float:
+        per_device = self.weight_bytes / self.replica_devices
+        return per_device / self.hw.links.host.at(self.b) + self.hw.overheads.sleep_wake_fixed_s.at(self.b) / 2
+
+    def wake_time(self) -> float:
+        return self.sleep_time() + self.weight_load_time()
+
+    def rows_bytes(self, rows: int, prompt: float, response_tokens: float) -> float:
+        """Bus bytes of `rows` rows of `prompt` tokens each and `response_tokens` in all: token ids (int64), rollout
+        log-probs and one more float field per response token; with R3, each routed token's expert ids (uint8)."""
+        b = (rows * prompt + response_tokens) * 8 + response_tokens * 4 * 2
+        if self.cfg.moe.r3 and self.shape.moe:
+            routed = (rows * prompt + response_tokens) if self.cfg.moe.r3_prompt else response_tokens
+            b += routed * self.shape.num_layers * self.shape.experts_per_token
+        return b
+
+    def bus_time(self, rows: int, nbytes: float) -> float:
+        o = self.hw.overheads
+        return rows * o.bus_row_s.at(self.b) + nbytes / o.bus_bytes_per_s.at(self.b) + o.rpc_s.at(self.b)
+
+    def reward_time(self, rows: int) -> float:
+        return rows * self.hw.overheads.reward_per_sample_s.at(self.b)
+
+    def advantages_time(self, rows: int) -> float:
+        return rows * self.hw.overheads.advantages_per_row_s.at(self.b)
+
+    @property
+    def rpc(self) -> float:
+        return self.hw.overheads.rpc_s.at(self.b)
+
+    # --- what a reader judges the prediction by -----------------------------------------------------------
+    def implied(self) -> dict:
+        return {"train_mfu": self.eff["train_mfu_moe" if self.shape.moe else "train_mfu"],
+                "forward_mfu": self.eff["forward_mfu"], "decode_bw_efficiency": self.eff["decode_bw"],
+                "kv_capacity_tokens_per_replica": round(self.kv_capacity_tokens()) if self.hw.kind == "gpu" else None,
+                "params_total": self.shape.total_params, "params_active": self.shape.active_params,
+                "recompute": self.opt.recompute, "band": self.b}

@@ -1,0 +1,229 @@
+"""`relax profile CONFIG [key=value ...] --out FILE`: measure this machine's hardware profile with our own code,
+in the format of relax/sim/hardware/*.yaml (every number's source says "measured" and how).
+
+What it times, for the config's model, at the config's thread counts:
+- device: a square fp32 matmul (peak FLOP/s) and a copy into a reused buffer (memory bandwidth);
+- rollout: TorchEngine.generate of one engine call (chunk_groups x group_size prompts) at two response lengths:
+  the difference is the decode step (-> rollout.step_overhead_s, the bytes and FLOPs of a tiny model being
+  negligible), the rest the prefill (-> efficiency.prefill); TorchEngine.sleep + wake (-> sleep_wake_fixed_s);
+- training: forward + backward of token_log_probs (relax/trainers/torch_trainer.py) on micro-batches of two
+  sizes: the slope gives train_mfu, the intercept overheads.train_micro_batch_s; log-prob forwards likewise
+  (forward_mfu, forward_call_s); an AdamW step (optimizer_bytes_per_param);
+- rewards: the task's own score function per sample;
+- with --ray: a Ray actor round trip (rpc_s) and a Ray object-store put + get per row and per byte (bus costs;
+  TransferQueue itself is not timed). Without it those lines say "not measured" and keep the machine-independent
+  default of the DESIGN notes.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+
+import torch
+
+from relax.config import ExperimentConfig
+
+
+def _best(fn, reps: int = 5) -> float:
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)  # the least-disturbed repetition: other processes only ever add time
+
+
+def _m(value: float, how: str, **band) -> dict:
+    return {"value": float(max(value, 0.0)), "source": f"measured ({how})", **band}
+
+
+def measure(cfg: ExperimentConfig, ray_costs: bool = False, reps: int = 5) -> dict:
+    from relax.engines.torch_engine import TorchEngine
+    from relax.models import build_model
+    from relax.sim.shapes import model_shape
+    from relax.tasks import make_task
+    from relax.trainers.torch_trainer import pack, token_log_probs
+
+    shape = model_shape(cfg)
+    threads_r, threads_a = cfg.resources.rollout.threads, cfg.resources.actor.threads
+    torch.set_num_threads(threads_a)
+    n = 512
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    peak = 2 * n ** 3 / _best(lambda: torch.mm(a, b), reps * 4)
+    src, dst = torch.randn(32 * 2**20 // 4), torch.empty(32 * 2**20 // 4)
+    dst.copy_(src)
+    bw = 2 * src.numel() * 4 / _best(lambda: dst.copy_(src), reps * 2)
+
+    # --- rollout: one engine call at two response lengths -----------------------------------------------
+    torch.set_num_threads(threads_r)
+    model, tok = build_model(cfg.model, cfg.seed)
+    task = make_task(cfg.task, cfg.seed, "train")
+    prompts_text = [task[i].prompt for i in range(64)]
+    prompt_ids = [tok.encode(t) for t in prompts_text]
+    prompt_tokens = sum(map(len, prompt_ids)) / len(prompt_ids)
+    B = cfg.rollout.chunk_groups * cfg.rollout.group_size
+    batch = [prompt_ids[i % len(prompt_ids)] for i in range(B)]
+    engine = TorchEngine(build_model(cfg.model, cfg.seed)[0], tok, dtype=cfg.rollout.dtype, seed=cfg.seed)
+    eos = tok.eos_token_id
+    tok.eos_token_id = -1  # every response runs to max_new_tokens: the step count is known
+    try:
+        short, long = 2, max(cfg.rollout.max_new_tokens, 8) * 2
+        t_short = _best(lambda: engine.generate(batch, short), reps)
+        t_long = _best(lambda: engine.generate(batch, long), reps)
+    finally:
+        tok.eos_token_id = eos
+    step = max((t_long - t_short) / (long - short), 1e-6)
+    prefill_s = max(t_short - short * step, 1e-6)
+    prefill_flops = 2.0 * shape.active_params * B * prompt_tokens + 2.0 * shape.num_layers * shape.attn_width * \
+        B * prompt_tokens ** 2
+    prefill_eff = min(prefill_flops / (prefill_s * peak), 1.0)
+    state = {k: v.clone() for k, v in engine.model.state_dict().items()}
+
+    def sleep_wake():
+        engine.sleep()
+        engine.wake(state, 0)
+    sw = _best(sleep_wake, reps)
+    weight_bytes = sum(v.numel() * v.element_size() for v in state.values())
+    sw_fixed = max(sw - 2 * weight_bytes / bw, 0.0)
+
+    # --- training and forwards: two micro-batch sizes -----------------------------------------------------
+    torch.set_num_threads(threads_a)
+    model.train()
+    resp_len = max(cfg.rollout.max_new_tokens // 2, 1)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
+
+    def rows(k):
+        ps = [torch.tensor(prompt_ids[i % len(prompt_ids)]) for i in range(k)]
+        rs = [torch.randint(3, tok.vocab_size, (resp_len,)) for _ in range(k)]
+        return pack(ps, rs, tok.pad_token_id), sum(len(p) + resp_len for p in ps), \
+            sum((len(p) + resp_len) ** 2 for p in ps)
+
+    def fb(packed):
+        opt.zero_grad(set_to_none=True)
+        token_log_probs(model, packed, 1.0, precision=cfg.training.precision).sum().backward()
+
+    def fwd(packed):
+        with torch.no_grad():
+            token_log_probs(model, packed, 1.0, precision=cfg.training.precision)
+
+    small, big = max(cfg.rollout.group_size, 1), max(cfg.training.micro_batch_tokens // int(prompt_tokens + resp_len),
+                                                     2 * cfg.rollout.group_size)
+    (p1, tok1, sq1), (p2, tok2, sq2) = rows(small), rows(big)
+
+    def flops(t, sq, passes):
+        return passes * (2.0 * shape.active_params * t + 2.0 * shape.num_layers * shape.attn_width * sq)
+
+    def line(fn, passes):
+        t1, t2 = _best(lambda: fn(p1), reps), _best(lambda: fn(p2), reps)
+        slope = max((t2 - t1) / max(flops(tok2, sq2, passes) - flops(tok1, sq1, passes), 1.0), 1e-30)
+        return min(1.0 / (slope * peak), 1.0), max(t1 - slope * flops(tok1, sq1, passes), 0.0)
+
+    mfu, mb_fixed = line(fb, 3.0)
+    fmfu, f_fixed = line(fwd, 1.0)
+    fb(p2)
+    opt_s = _best(opt.step, reps)
+    opt_bytes = opt_s * bw / shape.total_params
+
+    # --- rewards ------------------------------------------------------------------------------------------
+    texts = ["12", "7", "abc", "3 + 4 = 7"]
+    rew = _best(lambda: [task.score(task[i % 64], texts[i % 4]) for i in range(64)], reps) / 64
+
+    prof = {
+        "name": f"{platform.node() or 'this'}-cpu",
+        "kind": "cpu",
+        "description": (f"this machine ({torch.get_num_threads()}-thread torch, {platform.machine()}), measured by "
+                        f"relax profile for {cfg.name}/{cfg.profile}: model {shape.source}, rollout threads "
+                        f"{threads_r}, actor threads {threads_a}, engine call of {B} requests"),
+        "measured": True,
+        "device": {"peak_flops": _m(peak, f"fp32 {n}x{n} matmul, {threads_a} thread(s)"),
+                   "memory_bytes": _m(64e9, "not measured; memory is not the bound on this machine"),
+                   "memory_bw": _m(bw, "copy of 32 MiB into a reused buffer"),
+                   "per_node": _m(os.cpu_count() or 1, "os.cpu_count(): the cores every role shares")},
+        "links": {"intra_node": _m(bw, "memory copy stands in for loopback"),
+                  "inter_node": _m(bw, "memory copy stands in for loopback"),
+                  "host": _m(bw, "memory copy"),
+                  "latency_s": _m(0.0, "not measured")},
+        "efficiency": {
+            "train_mfu": _m(mfu, f"slope of forward+backward time over {small} vs {big} rows"),
+            "train_mfu_moe": _m(mfu, "same as train_mfu (the model measured)"),
+            "forward_mfu": _m(fmfu, f"slope of log-prob forward time over {small} vs {big} rows"),
+            "prefill": _m(prefill_eff, f"engine call of {B} prompts ({prompt_tokens:.1f} tokens) less its decode"),
+            "decode_bw": _m(1.0, "folded into rollout.step_overhead_s"),
+            "decode_flops": _m(1.0, "folded into rollout.step_overhead_s"),
+            "link": _m(1.0, "folded into the measured bandwidths")},
+        "rollout": {
+            "mem_fraction": _m(1.0, "not a bound on a CPU"),
+            "max_running_requests": _m(10**6, "the torch engine batches a whole call"),
+            "step_overhead_s": _m(step, f"TorchEngine.generate of {B} requests, {long} vs {short} tokens"),
+            "weight_load_pause_s": _m(sw_fixed / 2, "half the fixed part of TorchEngine sleep + wake")},
+        "overheads": {
+            "rpc_s": _m(0.0011, "not measured: DESIGN.md 5b's Ray actor round trip (run with --ray)"),
+            "bus_row_s": _m(1e-5, "not measured (run with --ray)"),
+            "bus_bytes_per_s": _m(2e9, "not measured (run with --ray)"),
+            "sleep_wake_fixed_s": _m(sw_fixed, "TorchEngine sleep + wake less the weight bytes at memory bandwidth"),
+            "optimizer_bytes_per_param": _m(opt_bytes, "AdamW step time x memory bandwidth / parameters"),
+            "reward_per_sample_s": _m(rew, f"task.score ({cfg.task.name}) per sample"),
+            "advantages_per_row_s": _m(1e-6, "not measured (GRPO normalisation, negligible)"),
+            "train_micro_batch_s": _m(mb_fixed, "intercept of forward+backward time over micro-batch size"),
+            "forward_call_s": _m(f_fixed, "intercept of log-prob forward time over batch size")},
+        "prompt_tokens_mean": prompt_tokens,
+    }
+    if ray_costs:
+        prof["overheads"].update(_ray_costs())
+    return prof
+
+
+def _ray_costs() -> dict:
+    import numpy as np
+    import ray
+
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+        @ray.remote(num_cpus=0)
+        class Echo:
+            def ping(self):
+                return 0
+
+        e = Echo.remote()
+        ray.get(e.ping.remote())
+        rpc = _best(lambda: [ray.get(e.ping.remote()) for _ in range(50)], 3) / 50
+        small, big = np.zeros(256, np.uint8), np.zeros(64 * 2**20, np.uint8)
+        t_small = _best(lambda: ray.get(ray.put(small)), 20)
+        t_big = _best(lambda: ray.get(ray.put(big)), 3)
+        return {"rpc_s": _m(rpc, "Ray actor round trip, mean of 50"),
+                "bus_row_s": _m(t_small, "Ray object store put + get of one 256-byte row (TransferQueue not timed)"),
+                "bus_bytes_per_s": _m(big.nbytes / max(t_big - t_small, 1e-9), "Ray put + get of 64 MiB")}
+    finally:
+        ray.shutdown()
+
+
+def register(sub) -> None:
+    p = sub.add_parser("profile", help="measure this machine's hardware profile (relax/sim/hardware format) with "
+                       "our own code, for a config's model and threads")
+    p.add_argument("config")
+    p.add_argument("overrides", nargs="*")
+    p.add_argument("--out", required=True, help="YAML file to write (use it with relax simulate --hardware FILE)")
+    p.add_argument("--ray", action="store_true", help="also time a Ray actor round trip and object-store put/get")
+    p.add_argument("--reps", type=int, default=9)
+    p.set_defaults(func=main)
+
+
+def main(args) -> int:
+    from pathlib import Path
+
+    import yaml
+
+    from relax.config import load_config
+    from relax.sim.hardware import HardwareProfile
+
+    cfg = load_config(args.config, args.overrides)
+    prof = measure(cfg, ray_costs=args.ray, reps=args.reps)
+    extra = {"prompt_tokens_mean": prof.pop("prompt_tokens_mean")}
+    HardwareProfile.model_validate(prof)  # what we write loads back
+    Path(args.out).write_text(f"# measured by relax profile {args.config} on {time.strftime('%Y-%m-%d %H:%M')} "
+                              f"(prompt tokens per sample {extra['prompt_tokens_mean']:.2f})\n"
+                              + yaml.safe_dump(prof, sort_keys=False))
+    print(f"profile (measured): {args.out}")
+    return 0

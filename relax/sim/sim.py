@@ -1,0 +1,516 @@
+"""The discrete-event simulator (SimPy) of each schedule the engine runs, priced by the cost model.
+
+One SimPy process per lane, doing what that lane does in the real engine, in the same order:
+- relax async (relax/roles/, relax/api/pool.py): each rollout replica claims chunks of `chunk_groups` groups from
+  the lowest open partition it may start, enters partition k through the staleness gate (`relax.bus.gate.can_start`,
+  the Coordinator's own predicate) with weights >= k - max_staleness, and between chunks loads a newer version
+  (several replicas); a chunk's rows land on the bus when its engine call ends. Reward, Reference and ActorFwd
+  stream groups as they land, Advantages follows the rewards; the Actor trains micro-batches of whole groups as
+  they become ready (StreamingLoader), then all-reduce + optimizer, publish, mark_trained.
+- relax colocate (Controller.run_colocate): wake (k > 0), generate, sleep, then reward, reference, advantages and
+  the Actor one after another on the shared devices.
+- veRL one-step-off-policy and OpenRLHF async, as relax/schedules/verl.py and openrlhf.py emulate them.
+Spans carry the names the real roles record (relax/schedules/spans.py), so the critical-path analysis reads a
+simulated trace like a measured one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import simpy
+
+from relax.bus.gate import can_start
+from relax.config import ConfigError, ExperimentConfig
+from relax.sim.cost import CostModel
+from relax.sim.lengths import LengthModel
+
+
+@dataclass
+class Span:
+    role: str
+    name: str
+    step: int | None
+    start: float
+    end: float
+    args: dict = field(default_factory=dict)
+
+
+class SimGate:
+    """The bus Coordinator's staleness gate in simulated time: `oldest` advances as the Coordinator's
+    mark_trained advances it; a waiter is admitted when `can_start` (relax/bus/gate.py) says so."""
+
+    def __init__(self, env: simpy.Environment, max_staleness: int):
+        self.env, self.s = env, max_staleness
+        self.oldest, self.trained = 0, set()
+        self.waiters: list[tuple[int, simpy.Event]] = []
+
+    def admits(self, step: int) -> bool:
+        return can_start(step, self.oldest, self.s)
+
+    def wait_can_start(self, step: int) -> simpy.Event:
+        ev = self.env.event()
+        if self.admits(step):
+            ev.succeed()
+        else:
+            self.waiters.append((step, ev))
+        return ev
+
+    def mark_trained(self, step: int) -> None:
+        if step >= self.oldest:
+            self.trained.add(step)
+        while self.oldest in self.trained:
+            self.trained.remove(self.oldest)
+            self.oldest += 1
+        still = []
+        for step_w, ev in self.waiters:
+            (ev.succeed() if self.admits(step_w) else still.append((step_w, ev)))
+        self.waiters = still
+
+
+class Ready:
+    """Groups of each partition whose field is written, as a count: every stage takes groups in the order they
+    landed on the bus, so what a field has ready is always a prefix of that order."""
+
+    def __init__(self, env: simpy.Environment, steps: int):
+        self.env = env
+        self.counts = [0] * steps
+        self.changed = env.event()
+
+    def add(self, k: int, n: int) -> None:
+        self.counts[k] += n
+        ev, self.changed = self.changed, self.env.event()
+        ev.succeed()
+
+
+class Versions:
+    def __init__(self, env: simpy.Environment):
+        self.env, self.version, self.changed = env, 0, env.event()
+
+    def publish(self, v: int) -> None:
+        self.version = v
+        ev, self.changed = self.changed, self.env.event()
+        ev.succeed()
+
+    def wait(self, v: int):
+        while self.version < v:
+            yield self.changed
+
+
+SUPPORTED = ("relax", "verl", "openrlhf")
+
+
+def check_supported(cfg: ExperimentConfig) -> None:
+    if cfg.algorithm.advantage == "gae":
+        raise ConfigError("algorithm.advantage: the simulator does not model the Critic (gae) yet")
+    if cfg.algorithm.policy_loss == "opd":
+        raise ConfigError("algorithm.policy_loss: the simulator does not model the teacher (opd) yet")
+    if cfg.task.reward == "genrm":
+        raise ConfigError("task.reward: the simulator does not model the GenRM service yet")
+    if cfg.algorithm.dynamic_sampling.enabled:
+        raise ConfigError("algorithm.dynamic_sampling: the simulator does not model DAPO redraws yet")
+
+
+class Simulation:
+    def __init__(self, cfg: ExperimentConfig, cost: CostModel, lengths: LengthModel, record: bool = True):
+        check_supported(cfg)
+        self.cfg, self.cost, self.lengths, self.record = cfg, cost, lengths, record
+        self.env = simpy.Environment()
+        self.steps, self.P, self.G = cfg.steps, cfg.rollout.prompts_per_step, cfg.rollout.group_size
+        # Response lengths of every group of every partition, drawn once (the same for every schedule).
+        self.resp = lengths.draw(cfg.seed, self.steps, self.P, self.G)
+        self.prompt = lengths.prompt_tokens
+        # Per group: response tokens, sequence tokens, sum of squared sequence lengths (attention), bus bytes.
+        p = self.prompt
+        self.g_resp = [[sum(g) for g in step] for step in self.resp]
+        self.g_tok = [[len(g) * p + sum(g) for g in step] for step in self.resp]
+        self.g_sq = [[sum((p + x) * (p + x) for x in g) for g in step] for step in self.resp]
+        self.g_bytes = [[cost.rows_bytes(len(g), p, sum(g)) for g in step] for step in self.resp]
+        self.order: list[list[int]] = [[] for _ in range(self.steps)]  # groups in the order they landed
+        self.group_version = [[0] * self.P for _ in range(self.steps)]
+        self.spans: list[Span] = []
+        self.step_end: dict[int, float] = {}
+        self.step_extra: dict[int, dict] = {}
+        self.fields = {f: Ready(self.env, self.steps) for f in
+                       ("generated", "rewards", "ref_log_probs", "old_log_probs", "advantages")}
+        self.versions = Versions(self.env)
+        self.gate = SimGate(self.env, cfg.max_staleness)
+        self.has_ref = cfg.algorithm.kl_coef > 0
+        r = cfg.resources.actor_fwd
+        self.has_fwd = (r.cpus > 0 or r.gpus > 0) and cfg.schedule == "relax"
+        self.loaded = [0] * cfg.rollout.replicas  # weight version each replica holds
+        self.next_group = [0] * self.steps  # the GroupQueue: next group of each partition never handed out
+        hw = cost.hw
+        self.cores = simpy.Container(self.env, capacity=int(hw.device.per_node.value),
+                                     init=int(hw.device.per_node.value)) if hw.kind == "cpu" else None
+
+    # --- helpers ------------------------------------------------------------------------------------------
+    def busy(self, role: str, seconds: float):
+        """`role` works for `seconds`. On a CPU profile the roles share the machine's cores (device.per_node):
+        the work first takes the role's threads' worth of cores, first come first served, and holds them."""
+        if self.cores is None:
+            yield self.env.timeout(seconds)
+            return
+        n = min(getattr(self.cfg.resources, role).threads, self.cores.capacity)
+        yield self.cores.get(n)
+        yield self.env.timeout(seconds)
+        yield self.cores.put(n)
+
+    def span(self, role, name, step, start, **args) -> None:
+        if self.record and self.env.now > start:
+            self.spans.append(Span(role, name, step, start, self.env.now, args))
+
+    def tokens(self, k: int, groups) -> tuple[float, float]:
+        """(sequence tokens, sum of squared sequence lengths) of these groups of partition k."""
+        tok, sq = self.g_tok[k], self.g_sq[k]
+        return sum(tok[g] for g in groups), sum(sq[g] for g in groups)
+
+    def rows_bytes(self, k: int, groups) -> tuple[int, float]:
+        b = self.g_bytes[k]
+        return len(groups) * self.G, sum(b[g] for g in groups)
+
+    def claim(self, upto: int) -> tuple[int, list[int]] | None:
+        for j in range(upto + 1):
+            lo = self.next_group[j]
+            if lo < self.P:
+                hi = min(self.P, lo + self.cfg.rollout.chunk_groups)
+                self.next_group[j] = hi
+                return j, list(range(lo, hi))
+        return None
+
+    def generate_chunk(self, r: int, k: int, groups: list[int]):
+        """One engine call on replica r, then the put of its rows."""
+        t0 = self.env.now
+        dur, _ = self.cost.generate([(self.prompt, x) for g in groups for x in self.resp[k][g]])
+        rows, nbytes = self.rows_bytes(k, groups)
+        yield from self.busy("rollout", dur + self.cost.bus_time(rows, nbytes))
+        for g in groups:
+            self.group_version[k][g] = self.loaded[r]
+        self.order[k].extend(groups)
+        self.span("rollout", "generate", k, t0, groups=len(groups), replica=r)
+        self.fields["generated"].add(k, len(groups))
+
+    def load_weights(self, r: int, step: int, min_version: int | None = None):
+        """Replica r loads the newest version (waiting for `min_version` first when given)."""
+        t0 = self.env.now
+        if min_version is not None:
+            yield from self.versions.wait(min_version)
+        if self.versions.version > self.loaded[r]:
+            t1 = self.env.now
+            yield from self.busy("rollout", self.cost.weight_load_time())
+            self.loaded[r] = self.versions.version
+            self.step_extra.setdefault(step, {}).setdefault("weight_load_s", 0.0)
+            self.step_extra[step]["weight_load_s"] += self.env.now - t1
+        self.span("rollout", "weight_sync", step, t0, replica=r)
+
+    def generate_partition(self, k: int):
+        """Every replica takes chunks of partition k until none is left (the whole-batch schedules)."""
+        def worker(r):
+            while True:
+                c = self.claim(k)
+                if c is None or c[0] != k:
+                    if c is not None:  # never happens: lower partitions are done before k starts
+                        raise RuntimeError("claimed another partition")
+                    return
+                yield from self.generate_chunk(r, *c)
+        yield self.env.all_of([self.env.process(worker(r)) for r in range(self.cfg.rollout.replicas)])
+
+    def wait_fields(self, k: int, names: list[str], need: int):
+        """Until every field in `names` has >= need groups of partition k ready."""
+        while min(self.fields[f].counts[k] for f in names) < need:
+            yield self.wait_more(k, names)
+
+    def wait_more(self, k: int, names: list[str]) -> simpy.Event:
+        """The next change of the field of `names` with the fewest groups of partition k ready: what all of them
+        have ready cannot grow before it does (cheaper than a SimPy condition over every field)."""
+        return self.fields[min(names, key=lambda f: self.fields[f].counts[k])].changed
+
+    # --- streaming services (relax; reward and advantages in every async schedule) -------------------------
+    def service(self, role: str, name: str, inputs: list[str], output: str, work):
+        fields = [self.fields[f] for f in inputs]
+        for k in range(self.steps):
+            done = 0
+            while done < self.P:
+                avail = (fields[0].counts[k] if len(fields) == 1 else min(f.counts[k] for f in fields)) - done
+                if avail <= 0:
+                    yield self.wait_more(k, inputs)
+                    continue
+                groups = self.order[k][done:done + avail]
+                t0 = self.env.now
+                rows, nbytes = self.rows_bytes(k, groups)
+                yield from self.busy(role, work(k, groups) + self.cost.bus_time(rows, nbytes))
+                self.span(role, name, k, t0, rows=rows)
+                done += avail
+                self.fields[output].add(k, avail)
+
+    def _reward(self, k, groups):
+        return self.cost.reward_time(len(groups) * self.G)
+
+    def _advantages(self, k, groups):
+        return self.cost.advantages_time(len(groups) * self.G)
+
+    def _ref(self, k, groups):
+        return self.cost.forward_time(*self.tokens(k, groups), "reference")
+
+    def _fwd(self, k, groups):
+        return self.cost.forward_time(*self.tokens(k, groups), "actor_fwd")
+
+    def start_services(self, reference: bool = True) -> None:
+        env = self.env
+        env.process(self.service("reward", "reward", ["generated"], "rewards", self._reward))
+        env.process(self.service("advantages", "advantages", ["rewards"], "advantages", self._advantages))
+        if self.has_ref and reference:
+            env.process(self.service("reference", "ref_log_probs", ["generated"], "ref_log_probs", self._ref))
+        if self.has_fwd:
+            env.process(self.service("actor_fwd", "old_log_probs", ["generated"], "old_log_probs", self._fwd))
+
+    # --- the trainer ----------------------------------------------------------------------------------------
+    def micro_batches(self, k: int, groups: list[int]) -> list[list[int]]:
+        budget = self.cost.micro_batch_tokens()
+        out, cur, tokens = [], [], 0.0
+        for g in groups:
+            t = self.g_tok[k][g]
+            if cur and tokens + t > budget:
+                out.append(cur)
+                cur, tokens = [], 0.0
+            cur.append(g)
+            tokens += t
+        return out + ([cur] if cur else [])
+
+    def expected_micro_batches(self, k: int) -> float:
+        return max(len(self.micro_batches(k, list(range(self.P)))) / self.cost.data_parallel(), 1.0)
+
+    def train_micro_batch(self, k: int, groups: list[int], m: float):
+        t0 = self.env.now
+        rows, nbytes = self.rows_bytes(k, groups)
+        yield from self.busy("actor", self.cost.train_time(*self.tokens(k, groups), m) + self.cost.bus_time(rows, nbytes))
+        self.span("actor", "train_micro_batch", k, t0, rows=rows)
+
+    def finish_step(self, k: int, publish: bool = True):
+        t0 = self.env.now
+        yield from self.busy("actor", self.cost.optimizer_time())
+        self.span("actor", "optimizer_step", k, t0)
+        if publish:
+            t1 = self.env.now
+            yield from self.busy("actor", self.cost.publish_time())
+            self.span("actor", "weight_publish", k, t1)
+            self.step_extra.setdefault(k, {})["weight_sync_s"] = self.env.now - t1
+        self.versions.publish(k + 1)
+
+    def end_step(self, k: int, t_start: float, wait_s: float) -> None:
+        self.gate.mark_trained(k)
+        self.step_end[k] = self.env.now
+        e = self.step_extra.setdefault(k, {})
+        e["trainer_wait_s"] = e.get("trainer_wait_s", 0.0) + wait_s
+        e["train_time_s"] = self.env.now - t_start
+
+    def actor_inputs(self) -> list[str]:
+        return ["advantages"] + ["ref_log_probs"] * self.has_ref + ["old_log_probs"] * self.has_fwd
+
+    def actor_streaming(self):
+        inputs = self.actor_inputs()
+        for k in range(self.steps):
+            t_start, wait, done = self.env.now, 0.0, 0
+            m = self.expected_micro_batches(k)
+            budget = self.cost.micro_batch_tokens()
+            while done < self.P:
+                avail = min(self.fields[f].counts[k] for f in inputs) - done
+                if avail <= 0:
+                    t0 = self.env.now
+                    yield self.wait_more(k, inputs)
+                    wait += self.env.now - t0
+                    continue
+                # StreamingLoader: the first ready group, then more while they fit the token budget
+                take, tokens = [], 0.0
+                for g in self.order[k][done:done + avail]:
+                    t = self.g_tok[k][g]
+                    if take and tokens + t > budget:
+                        break
+                    take.append(g)
+                    tokens += t
+                yield from self.train_micro_batch(k, take, m)
+                done += len(take)
+            yield from self.finish_step(k)
+            self.end_step(k, t_start, wait)
+
+    # --- relax async ----------------------------------------------------------------------------------------
+    def rollout_replica(self, r: int):
+        s, shared = self.cfg.max_staleness, self.cfg.rollout.replicas > 1
+
+        def enter(k):
+            t0 = self.env.now
+            yield self.gate.wait_can_start(k)
+            self.span("rollout", "staleness_gate", k, t0, replica=r)
+            yield from self.load_weights(r, k, min_version=k - s)
+
+        k = 0
+        yield from enter(k)
+        while True:
+            c = self.claim(k)
+            if c is None:
+                if k + 1 >= self.steps:
+                    return
+                k += 1
+                yield from enter(k)
+                continue
+            if shared and self.versions.version > self.loaded[r]:  # sync_weights(block=False) between chunks
+                yield from self.load_weights(r, c[0])
+            yield from self.generate_chunk(r, *c)
+
+    def run_async(self) -> None:
+        for r in range(self.cfg.rollout.replicas):
+            self.env.process(self.rollout_replica(r))
+        self.start_services()
+        self.env.process(self.actor_streaming())
+
+    # --- relax colocate -------------------------------------------------------------------------------------
+    def colocate(self):
+        for k in range(self.steps):
+            t_start = self.env.now
+            if k > 0:
+                t0 = self.env.now
+                yield from self.busy("rollout", self.cost.wake_time())
+                self.loaded = [self.versions.version] * len(self.loaded)
+                self.span("rollout", "wake", k, t0)
+                self.step_extra.setdefault(k, {})["sleep_wake_s"] = self.env.now - t0
+            yield from self.generate_partition(k)
+            t0 = self.env.now
+            yield from self.busy("rollout", self.cost.sleep_time())
+            self.span("rollout", "sleep", k, t0)
+            e = self.step_extra.setdefault(k, {})
+            e["sleep_wake_s"] = e.get("sleep_wake_s", 0.0) + self.env.now - t0
+            groups = self.order[k]
+            rows, nbytes = self.rows_bytes(k, groups)
+            stages = [("reward", "reward", self._reward)]
+            if self.has_ref:
+                stages.append(("reference", "ref_log_probs", self._ref))
+            stages.append(("advantages", "advantages", self._advantages))
+            for role, name, work in stages:
+                t0 = self.env.now
+                yield from self.busy(role, work(k, groups) + self.cost.bus_time(rows, nbytes) + self.cost.rpc)
+                self.span(role, name, k, t0, rows=rows)
+            m = self.expected_micro_batches(k)
+            for mb in self.micro_batches(k, groups):
+                yield from self.train_micro_batch(k, mb, m)
+            yield from self.finish_step(k)
+            self.end_step(k, t_start, 0.0)
+
+    # --- veRL one-step-off-policy (relax/schedules/verl.py) -------------------------------------------------
+    def verl_trainer(self):
+        gen = {0: self.env.process(self.generate_partition(0))}
+        for k in range(self.steps):
+            t_start = t0 = self.env.now
+            yield gen.pop(k)
+            yield from self.wait_fields(k, ["advantages"], self.P)
+            groups = self.order[k]
+            rows, nbytes = self.rows_bytes(k, groups)
+            yield from self.busy("actor", self.cost.bus_time(rows, nbytes))
+            self.span("actor", "rollout_residual", k, t0)
+            t1 = self.env.now
+            yield self.env.process(self._all_load(k + 1))  # every engine loads the weights: a barrier
+            self.span("actor", "weight_sync_barrier", k, t1)
+            wait = self.env.now - t_start
+            if k + 1 < self.steps:
+                gen[k + 1] = self.env.process(self.generate_partition(k + 1))
+            t2 = self.env.now
+            yield from self.busy("actor", self.cost.forward_time(*self.tokens(k, groups), "actor"))
+            self.span("actor", "old_logprob", k, t2, rows=rows)
+            if self.has_ref:
+                t3 = self.env.now
+                yield from self.busy("actor", self.cost.forward_time(*self.tokens(k, groups), "actor"))
+                self.span("actor", "ref_forward", k, t3, rows=rows)
+            m = self.expected_micro_batches(k)
+            for mb in self.micro_batches(k, groups):
+                yield from self.train_micro_batch(k, mb, m)
+            yield from self.finish_step(k)
+            self.end_step(k, t_start, wait)
+
+    def _all_load(self, step: int):
+        yield self.env.all_of([self.env.process(self.load_weights(r, step))
+                               for r in range(self.cfg.rollout.replicas)])
+
+    def run_verl(self) -> None:
+        self.start_services(reference=False)
+        self.env.process(self.verl_trainer())
+
+    # --- OpenRLHF async (relax/schedules/openrlhf.py) ------------------------------------------------------
+    def run_openrlhf(self) -> None:
+        slots = simpy.Container(self.env, capacity=self.cfg.max_staleness, init=self.cfg.max_staleness)
+        lock = simpy.Resource(self.env, capacity=1)
+        self.start_services(reference=False)
+        self.env.process(self.openrlhf_generator(slots, lock))
+        self.env.process(self.openrlhf_trainer(slots, lock))
+
+    def openrlhf_generator(self, slots, lock):
+        for k in range(self.steps):
+            t0 = self.env.now
+            yield slots.get(1)
+            self.span("rollout", "queue_slot_wait", k, t0)
+            t1 = self.env.now
+            req = lock.request()
+            yield req
+            self.span("rollout", "generation_lock_wait", k, t1)
+            yield self.env.process(self._all_load(k))  # generate_partition loads the newest weights first
+            yield from self.generate_partition(k)
+            lock.release(req)
+
+    def openrlhf_trainer(self, slots, lock):
+        for k in range(self.steps):
+            t_start = t0 = self.env.now
+            yield from self.wait_fields(k, ["advantages"], self.P)
+            groups = self.order[k]
+            rows, nbytes = self.rows_bytes(k, groups)
+            yield from self.busy("actor", self.cost.bus_time(rows, nbytes))
+            self.span("actor", "trainer_wait", k, t0)
+            queue_wait = self.env.now - t0
+            yield slots.put(1)
+            ref = None
+            if self.has_ref:
+                ref = self.env.process(self._ref_call(k, groups))
+            t1 = self.env.now
+            yield from self.busy("actor", self.cost.forward_time(*self.tokens(k, groups), "actor"))
+            self.span("actor", "old_logprob", k, t1, rows=rows)
+            if ref is not None:
+                t2 = self.env.now
+                yield ref
+                self.span("actor", "ref_forward_wait", k, t2)
+            m = self.expected_micro_batches(k)
+            for mb in self.micro_batches(k, groups):
+                yield from self.train_micro_batch(k, mb, m)
+            t3 = self.env.now
+            yield from self.busy("actor", self.cost.optimizer_time())
+            self.span("actor", "optimizer_step", k, t3)
+            t4 = self.env.now
+            req = lock.request()
+            yield req  # the broadcast waits for the in-flight generation
+            self.span("actor", "broadcast_lock_wait", k, t4)
+            lock_wait = self.env.now - t4
+            t5 = self.env.now
+            yield from self.busy("actor", self.cost.publish_time())
+            self.span("actor", "weight_publish", k, t5)
+            lock.release(req)
+            self.step_extra.setdefault(k, {})["weight_sync_s"] = self.env.now - t5
+            self.versions.publish(k + 1)
+            self.end_step(k, t_start, queue_wait + lock_wait)
+
+    def _ref_call(self, k, groups):
+        t0 = self.env.now
+        rows, nbytes = self.rows_bytes(k, groups)
+        yield from self.busy("reference", self._ref(k, groups) + 2 * self.cost.bus_time(rows, nbytes) + self.cost.rpc)
+        self.span("reference", "ref_log_probs", k, t0, rows=rows)
+
+    # --- run ------------------------------------------------------------------------------------------------
+    def run(self) -> "Simulation":
+        cfg = self.cfg
+        if cfg.mode == "colocate":
+            self.env.process(self.colocate())
+        elif cfg.schedule == "verl":
+            self.run_verl()
+        elif cfg.schedule == "openrlhf":
+            self.run_openrlhf()
+        else:
+            self.run_async()
+        self.env.run()
+        if len(self.step_end) != self.steps:
+            raise RuntimeError(f"simulation stalled after {len(self.step_end)} of {self.steps} steps")
+        return self

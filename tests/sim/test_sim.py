@@ -1,0 +1,327 @@
+"""The simulator (relax/sim/): its gate is the bus's gate, its closed forms are exact, its errors name the field.
+Fast, no Ray: the Coordinator is driven as a plain class in one asyncio loop."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import random
+
+import pytest
+import yaml
+
+from relax.bus.gate import Coordinator, can_start
+from relax.config import ConfigError, ExperimentConfig, validate
+from relax.run_folder import RunFolder
+from relax.sim.cost import CostModel, SimOptions
+from relax.sim.hardware import HardwareProfile, load_hardware
+from relax.sim.lengths import LengthModel, fit_mean, truncated_mean
+from relax.sim.shapes import CHAR_VOCAB, HERE as MODELS, load_shape_file, model_shape
+from relax.sim.sim import SimGate, Simulation
+
+import simpy
+
+
+# --- the gate -----------------------------------------------------------------------------------------------
+def _coordinator(s: int):
+    return Coordinator.__ray_metadata__.modified_class(capacity_rows=10**6, group_size=2, max_staleness=s)
+
+
+async def _admitted(coord, step: int) -> bool:
+    try:
+        await coord.wait_can_start(step, 0.002)
+        return True
+    except TimeoutError:
+        return False
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_gate_admits_what_the_bus_gate_admits(seed):
+    """Random traces of train (mark_trained, in and out of order) and generate (may partition k start?) events:
+    the simulator's gate, the bus Coordinator and the pure predicate give the same answer every time."""
+    rng = random.Random(seed)
+    s = rng.choice([0, 1, 2, 4])
+
+    async def trace():
+        coord, env = _coordinator(s), simpy.Environment()
+        gate = SimGate(env, s)
+        untrained, answers = list(range(40)), 0
+        for _ in range(150):
+            if rng.random() < 0.4 and untrained:
+                # mostly in order, sometimes a later partition first (several trainers / a restarted one)
+                k = untrained.pop(0 if rng.random() < 0.8 else rng.randrange(min(3, len(untrained))))
+                await coord.mark_trained(k)
+                gate.mark_trained(k)
+            else:
+                k = rng.randrange(0, 45)
+                real = await _admitted(coord, k)
+                ev = gate.wait_can_start(k)
+                assert ev.triggered == real == can_start(k, coord.oldest, s), (k, coord.oldest, s)
+                assert gate.oldest == coord.oldest
+                answers += real
+        return answers
+
+    assert asyncio.run(trace()) > 0
+
+
+def test_gate_wakes_a_waiter_when_training_catches_up():
+    env = simpy.Environment()
+    gate = SimGate(env, 1)
+    ev = gate.wait_can_start(3)
+    assert not ev.triggered
+    gate.mark_trained(0)
+    assert not ev.triggered
+    gate.mark_trained(1)
+    assert ev.triggered  # 3 - 2 <= 1
+
+
+# --- a profile where only the stages a test names cost anything ----------------------------------------------
+def _free_profile(**eff) -> dict:
+    """Every link huge, every overhead zero, peak compute huge: only memory-bound decode costs time, unless a
+    test puts a finite peak back."""
+    hw = yaml.safe_load((load_hardware.__globals__["HERE"] / "h800.yaml").read_text())
+    for section in ("rollout", "overheads"):
+        for name in hw[section]:
+            hw[section][name] = {"value": 0.0, "source": "assumed; test"}
+    hw["overheads"]["bus_bytes_per_s"] = {"value": 1e30, "source": "assumed; test"}
+    hw["rollout"]["mem_fraction"] = {"value": 0.9, "source": "assumed; test"}
+    hw["rollout"]["max_running_requests"] = {"value": 10**6, "source": "assumed; test"}
+    for name in ("intra_node", "inter_node", "host"):
+        hw["links"][name] = {"value": 1e30, "source": "assumed; test"}
+    hw["links"]["latency_s"] = {"value": 0.0, "source": "assumed; test"}
+    hw["device"]["peak_flops"] = {"value": 1e30, "source": "assumed; test"}
+    for name in hw["efficiency"]:
+        hw["efficiency"][name] = {"value": eff.get(name, 1.0), "source": "assumed; test"}
+    return hw
+
+
+def _cfg(**over) -> ExperimentConfig:
+    raw = {"name": "simtest", "profile": "test", "mode": "async", "max_staleness": 1, "steps": 6,
+           "model": {"kind": "tiny_qwen3", "hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2,
+                     "intermediate_size": 128},
+           "rollout": {"prompts_per_step": 4, "group_size": 2, "max_new_tokens": 32, "chunk_groups": 4},
+           "algorithm": {"kl_coef": 0.0},
+           "bus": {"capacity_rows": 4096},
+           "resources": {"rollout": {"gpus": 1}, "actor": {"gpus": 1}}}
+    for key, value in over.items():
+        node = raw
+        *path, last = key.split(".")
+        for p in path:
+            node = node.setdefault(p, {})
+        node[last] = value
+    return validate(raw)
+
+
+def _sim(cfg, hw: dict, length: int = 20, prompt: float = 10.0, record: bool = True) -> Simulation:
+    cost = CostModel(cfg, model_shape(cfg), HardwareProfile.model_validate(hw), SimOptions())
+    lm = LengthModel(prompt_tokens=prompt, max_new_tokens=cfg.rollout.max_new_tokens, empirical=[length],
+                     source="test")
+    return Simulation(cfg, cost, lm, record=record)
+
+
+def _step_times(sim) -> list[float]:
+    ends = [sim.step_end[k] for k in range(sim.steps)]
+    return [b - a for a, b in zip([0.0] + ends, ends)]
+
+
+# --- closed forms ------------------------------------------------------------------------------------------
+def test_one_stage_decode_closed_form():
+    """Colocate with only decode costing: a step is B requests of length L decoded together, each step reading
+    the weights and the whole KV cache: L W/bw + kv/bw (B p L + B L (L-1)/2)."""
+    cfg = _cfg(mode="colocate", max_staleness=0)
+    hw = _free_profile()
+    sim = _sim(cfg, hw, length=20, prompt=10.0).run()
+    c = sim.cost
+    B, L, p = cfg.rows_per_step, 20, 10.0
+    bw = hw["device"]["memory_bw"]["value"]
+    W, kv = c.weight_bytes, c.shape.kv_bytes_per_token(c.dtype_bytes)
+    expected = L * W / bw + kv / bw * (B * p * L + B * L * (L - 1) / 2)
+    for t in _step_times(sim):
+        assert t == pytest.approx(expected, rel=1e-9)
+
+
+def _balanced(s: int, train_over_rollout: float = 1.0):
+    """Async, one chunk per partition (it lands whole), rollout time R (memory-bound decode) and training time
+    T = ratio x R; nothing else costs time."""
+    cfg = _cfg(max_staleness=s, **{"bus.capacity_rows": 8 * (s + 1)})
+    hw = _free_profile()
+    probe = _sim(cfg, hw)
+    groups = list(range(probe.P))
+    R, _ = probe.cost.generate([(probe.prompt, x) for g in groups for x in probe.resp[0][g]])
+    # training alone gets a small MFU, so that T = ratio x R (prefill and decode compute stay free)
+    flops = probe.cost._flops(*probe.tokens(0, groups), 3.0)
+    peak = hw["device"]["peak_flops"]["value"]
+    hw["efficiency"]["train_mfu"] = {"value": flops / (peak * train_over_rollout * R), "source": "assumed; test"}
+    sim = _sim(cfg, hw)
+    T = sim.cost.train_time(*sim.tokens(0, groups))
+    return sim.run(), R, T
+
+
+def test_two_balanced_stages_overlap_exactly():
+    sim, R, T = _balanced(1)
+    assert T == pytest.approx(R, rel=1e-6)
+    times = _step_times(sim)
+    assert times[0] == pytest.approx(R + T, rel=1e-9)
+    for t in times[1:]:
+        assert t == pytest.approx(max(R, T), rel=1e-9)
+
+
+@pytest.mark.parametrize("ratio", [0.5, 1.0, 2.0])
+def test_staleness_zero_against_infinity(ratio):
+    """s = 0: rollout k waits for the weights of step k-1, so a step is R + T; s = infinity: the slower stage
+    sets the pace, max(R, T) (after the first step)."""
+    sim0, R, T = _balanced(0, ratio)
+    for t in _step_times(sim0):
+        assert t == pytest.approx(R + T, rel=1e-9)
+    sim_inf, R, T = _balanced(100, ratio)
+    assert sim_inf.cfg.max_staleness >= sim_inf.steps
+    for t in _step_times(sim_inf)[1:]:
+        assert t == pytest.approx(max(R, T), rel=1e-9)
+
+
+def test_engine_fast_path_is_the_queued_path():
+    """All requests fit at once: the sorted fast path gives the queue-and-heap path's times exactly; a KV cache
+    too small for all of them queues the rest and takes longer."""
+    cfg = _cfg()
+    c = CostModel(cfg, model_shape(cfg), load_hardware("h800"))
+    rng = random.Random(0)
+    over, arms = c.step_overhead, c.decode_arms
+    for _ in range(100):
+        reqs = [(float(rng.choice([5, 10])), rng.randint(1, 40)) for _ in range(rng.randint(1, 20))]
+        fast = c._generate_all_admitted(reqs, over, arms)
+        queued = c._generate_queued(reqs, float("inf"), 10**6, over, arms)
+        assert fast[0] == pytest.approx(queued[0], rel=1e-12)
+        assert fast[1] == pytest.approx(queued[1], rel=1e-12)
+        small = c._generate_queued(reqs, max(p + n for p, n in reqs), 10**6, over, arms)
+        assert small[0] >= fast[0] * (1 - 1e-12)
+
+
+@pytest.mark.parametrize("s", [0, 1, 2, 3])
+def test_staleness_never_exceeds_the_bound(s):
+    cfg = _cfg(max_staleness=s, steps=10, **{"rollout.chunk_groups": 1, "rollout.replicas": 1})
+    hw = load_hardware("h800").model_dump()
+    sim = Simulation(cfg, CostModel(cfg, model_shape(cfg), HardwareProfile.model_validate(hw)),
+                     LengthModel(prompt_tokens=10, max_new_tokens=32, mean=12, cv=0.8, source="test")).run()
+    stale = [k - v for k in range(sim.steps) for v in sim.group_version[k]]
+    assert max(stale) <= s
+    if s > 0:
+        assert max(stale) >= 1  # rollout does run ahead when it may
+
+
+def test_every_schedule_runs_and_writes_a_simulated_run_folder(tmp_path):
+    from relax.sim.output import write_run
+
+    for i, over in enumerate(({"mode": "colocate", "max_staleness": 0}, {}, {"schedule": "verl"},
+                              {"schedule": "openrlhf", "max_staleness": 2})):
+        cfg = _cfg(**{"algorithm.kl_coef": 0.001, "resources.reference": {"gpus": 1}, **over})
+        sim = Simulation(cfg, CostModel(cfg, model_shape(cfg), load_hardware("h100")),
+                         LengthModel(prompt_tokens=10, max_new_tokens=32, mean=12, cv=0.5, source="test")).run()
+        folder, summary = write_run(sim, cfg, str(tmp_path), "h100", "2x h100", run=f"r{i}")
+        assert summary["simulated"] is True and summary["hardware"] == "h100"
+        assert summary["steps"] == cfg.steps and summary["mean_step_time_s"] > 0
+        rows = RunFolder(folder.path).metrics()
+        assert all(r["simulated"] is True for r in rows) and len(rows) == cfg.steps
+        assert json.loads((folder.path / "trace.json").read_text())["simulated"] is True
+        assert "simulated: true" in (folder.path / "config.yaml").read_text()
+        assert RunFolder(folder.path).spans(), "trace.json reads back as spans"
+        assert folder.profile == "test-sim-h100"
+
+
+# --- errors name the field ------------------------------------------------------------------------------------
+def _write(tmp_path, hw: dict):
+    p = tmp_path / "bad.yaml"
+    p.write_text(yaml.safe_dump(hw))
+    return p
+
+
+def test_profile_errors_name_the_field(tmp_path):
+    base = yaml.safe_load((load_hardware.__globals__["HERE"] / "h800.yaml").read_text())
+    hw = copy.deepcopy(base)
+    del hw["efficiency"]["train_mfu"]
+    with pytest.raises(ConfigError, match=r"efficiency\.train_mfu"):
+        load_hardware(_write(tmp_path, hw))
+    hw = copy.deepcopy(base)
+    hw["device"]["memory_bw"]["value"] = -1
+    with pytest.raises(ConfigError, match=r"device\.memory_bw\.value"):
+        load_hardware(_write(tmp_path, hw))
+    hw = copy.deepcopy(base)
+    hw["efficiency"]["decode_bw"]["value"] = 1.5
+    with pytest.raises(ConfigError, match=r"decode_bw"):
+        load_hardware(_write(tmp_path, hw))
+    hw = copy.deepcopy(base)
+    hw["links"]["host"]["source"] = ""
+    with pytest.raises(ConfigError, match=r"links\.host\.source"):
+        load_hardware(_write(tmp_path, hw))
+    hw = copy.deepcopy(base)
+    hw["device"]["colour"] = "green"
+    with pytest.raises(ConfigError, match=r"device\.colour"):
+        load_hardware(_write(tmp_path, hw))
+    with pytest.raises(ConfigError, match="--hardware"):
+        load_hardware("no-such-gpu")
+
+
+def test_config_errors_name_the_field():
+    cfg = _cfg(**{"model": {"kind": "hf", "path": "/models/Unknown-7B", "tokenizer": "hf"}})
+    with pytest.raises(ConfigError, match=r"model\.path"):
+        model_shape(cfg)
+    cfg = _cfg(**{"resources.rollout": {"gpus": 0}})
+    with pytest.raises(ConfigError, match=r"resources\.rollout\.gpus"):
+        CostModel(cfg, model_shape(cfg), load_hardware("h800")).role_devices("rollout")
+    with pytest.raises(ConfigError, match=r"algorithm\.advantage"):
+        _sim(_cfg(**{"algorithm.advantage": "gae"}), _free_profile())
+
+
+def test_every_shipped_profile_loads_and_sources_every_number():
+    for name in ("h800", "h100", "h200", "a100"):
+        hw = load_hardware(name)
+        assert hw.name == name and hw.device.peak_flops.value > 1e14
+        assert "device.peak_flops" not in hw.assumptions()
+
+
+# --- shapes and lengths ---------------------------------------------------------------------------------------
+def test_shapes_derive_the_model_cards_totals():
+    q4 = load_shape_file(MODELS / "qwen3-4b.yaml")
+    assert q4.total_params == pytest.approx(4.0e9, rel=0.02)
+    assert q4.total_params - q4.embedding_params == pytest.approx(3.6e9, rel=0.02)
+    moe = load_shape_file(MODELS / "qwen3-30b-a3b.yaml")
+    assert moe.total_params == pytest.approx(30.5e9, rel=0.01)
+    assert moe.active_params + moe.vocab_size * moe.hidden_size == pytest.approx(3.3e9, rel=0.03)
+    from relax.models.tokenizer import CharTokenizer
+
+    assert CHAR_VOCAB == CharTokenizer.vocab_size
+
+
+def test_truncated_lengths():
+    assert truncated_mean(100, 0.0, 50) == 50
+    m = fit_mean(300, 0.7, 1000)
+    assert truncated_mean(m, 0.7, 1000) == pytest.approx(300, rel=1e-6)
+    rng = random.Random(0)
+    lm = LengthModel(prompt_tokens=1, max_new_tokens=1000, mean=m, cv=0.7)
+    draws = [x for _ in range(4000) for x in lm.draw_group(rng, 1)]
+    assert max(draws) <= 1000
+    assert sum(draws) / len(draws) == pytest.approx(300, rel=0.05)
+
+
+# --- relax profile ------------------------------------------------------------------------------------------
+def test_profile_measures_a_loadable_cpu_profile(tmp_path):
+    """`relax profile` writes every number as measured (or says what it did not measure), in the schema the
+    simulator loads; a simulation on it runs."""
+    from relax.sim.measure import measure
+
+    cfg = _cfg(**{"resources.rollout": {"threads": 1}, "resources.actor": {"threads": 1},
+                  "task.name": "basic_arithmetic", "rollout.max_new_tokens": 4})
+    prof = measure(cfg, ray_costs=False, reps=1)
+    prof.pop("prompt_tokens_mean")
+    p = tmp_path / "cpu.yaml"
+    p.write_text(yaml.safe_dump(prof))
+    hw = load_hardware(p)
+    assert hw.measured and hw.kind == "cpu"
+    for section in ("device", "links", "efficiency", "rollout", "overheads"):
+        for name, v in getattr(hw, section):
+            if v is not None:
+                assert v.source.startswith("measured"), f"{section}.{name}"
+    assert hw.rollout.step_overhead_s.value > 0 and hw.device.peak_flops.value > 1e8
+    sim = Simulation(cfg, CostModel(cfg, model_shape(cfg), hw),
+                     LengthModel(prompt_tokens=10, max_new_tokens=4, mean=3, cv=0.5, source="test")).run()
+    assert len(sim.step_end) == cfg.steps
