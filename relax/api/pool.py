@@ -20,6 +20,8 @@ from typing import Any, Callable, Protocol
 
 import ray
 
+from relax.fault.heartbeat import healthy
+
 
 @ray.remote(num_cpus=0, max_concurrency=1000)
 class GroupQueue:
@@ -262,7 +264,7 @@ class RayRolloutPool:
                     continue
                 m = beats.get(r.pid)
                 out.append({"engine_id": self.rid(r.index), "initial": r.initial, "status": r.status, "pid": r.pid,
-                            "is_healthy": m is not None and m["heartbeat_age_s"] < 5.0,
+                            "is_healthy": healthy(m),
                             "weight_version": max(m["holds"], default=r.version) if m else r.version,
                             "groups_generated": stats["generated_groups"].get(r.index, 0)})
         return out

@@ -14,6 +14,17 @@ import time
 from typing import Callable
 
 STALE_S = 2.0  # a member silent this long is the last choice as a holder
+HEALTHY_S = 5.0  # a rollout engine silent longer than this is reported unhealthy (GET /rollout/engines)
+
+
+def healthy(member: dict | None) -> bool:
+    """A DCS topology member (its `heartbeat_age_s`) that the control API reports healthy."""
+    return member is not None and member["heartbeat_age_s"] < HEALTHY_S
+
+
+def missed_heartbeats(member: dict, limit_s: float) -> bool:
+    """A live member silent past `limit_s` (health.heartbeat_timeout_s): the supervisor kills and recovers it."""
+    return member["alive"] and member["heartbeat_age_s"] > limit_s
 
 
 class Liveness:

@@ -34,6 +34,7 @@ import ray
 
 from relax.api.pool import GroupQueue, RayRolloutPool
 from relax.config import runs_megatron
+from relax.fault.heartbeat import missed_heartbeats
 from relax.fault.inject import FaultInjector
 from relax.fault.redelivery import live_partitions, redeliver
 from relax.placement import Placement
@@ -297,7 +298,7 @@ class Supervisor:
         limit = self.cfg.health.heartbeat_timeout_s
         ours = set(self.pids.values()) | {r.pid for r in self.pool.replicas.values() if r.status == "ACTIVE"}
         for m in self.dcs.topology()["members"]:
-            if m["alive"] and m["pid"] in ours and m["heartbeat_age_s"] > limit:
+            if m["pid"] in ours and missed_heartbeats(m, limit):
                 log.warning("%s (pid %d) missed heartbeats for %.1f s: killing it", m["role"], m["pid"],
                             m["heartbeat_age_s"])
                 self.events.append({"role": m["role"], "kind": "heartbeat_timeout", "pid": m["pid"],
