@@ -149,6 +149,8 @@ class RolloutConfig(Strict):
     engine: Literal["torch", "torch_http", "sglang"] = "torch"
     engine_urls: list[str] = Field(default_factory=list)
     replicas: int = Field(1, ge=1)
+    # The most replicas a control-API scale_out may ask for (above it: HTTP 400), besides what the cluster can place.
+    max_replicas: int = Field(64, ge=1)
     prompts_per_step: int = Field(8, ge=1)
     group_size: int = Field(8, ge=2)
     max_new_tokens: int = Field(16, ge=1)
