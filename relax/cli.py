@@ -130,7 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
     sft.add_argument("overrides", nargs="*")
     sft.set_defaults(func=cmd_sft)
 
-    val = sub.add_parser("validate", help="validate a config and print it resolved")
+    val = sub.add_parser("validate", help="run every check `relax run` makes before it starts (relax/preflight.py); "
+                         "print the config resolved")
     val.add_argument("config")
     val.add_argument("overrides", nargs="*")
     val.add_argument("--steps", type=int, help="as for `relax run`")

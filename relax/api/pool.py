@@ -143,7 +143,8 @@ class RayRolloutPool:
 
     def _get(self, rid: str) -> Replica:
         try:
-            return self.replicas[int(rid.rsplit("-", 1)[1])]
+            with self.lock:
+                return self.replicas[int(rid.rsplit("-", 1)[1])]
         except (KeyError, IndexError, ValueError):
             raise KeyError(f"no rollout replica '{rid}'") from None
 

@@ -382,3 +382,31 @@ def test_finished_operations_are_kept_up_to_a_bound_and_noops_not_at_all(pool):
         assert c.post("/rollout/scale_out", json={"num_replicas": 1}, headers=AUTH).json()["status"] == "NOOP"
     assert list(c.manager.ops) == ids[-3:]  # the newest finished ones, no NOOP
     assert len(c.manager.views()) == 3
+
+
+def test_the_pool_is_walked_through_a_snapshot_while_the_api_adds_replicas(monkeypatch):
+    """The supervisor iterates `pool.snapshot()` (taken under the pool's lock), not `pool.replicas`, so a
+    scale_out adding replicas from the API thread cannot break its walk (issue 16: dictionary changed size)."""
+    from relax.api import pool as pool_mod
+
+    p = pool_mod.RayRolloutPool(lambda i: object(), lambda h, i: None, queue=None, need={"CPU": 2, "GPU": 0})
+    stop = threading.Event()
+
+    def add():
+        for _ in range(3000):
+            if stop.is_set():
+                return
+            p.create_replica()
+
+    t = threading.Thread(target=add)
+    t.start()
+    try:
+        while t.is_alive():
+            _ = [r.status for r in p.snapshot().values()]
+    finally:
+        stop.set()
+        t.join(10)
+    assert len(p.snapshot()) == p.next_index
+    monkeypatch.setattr(pool_mod.ray, "available_resources", lambda: {"CPU": 5.0})
+    assert p.capacity() == p.count() + 2  # 5 free CPUs, 2 per replica; GPU 0 is no constraint
+    assert pool_mod.RayRolloutPool(lambda i: None, lambda h, i: None, queue=None).capacity() is None
