@@ -54,9 +54,13 @@ def cmd_sft(args) -> int:
 
 
 def cmd_validate(args) -> int:
+    """Exactly the checks `relax run` makes before it starts anything (relax/preflight.py)."""
     from relax.config import dump_config
+    from relax.preflight import preflight
 
-    print(dump_config(_load(args)), end="")
+    cfg = _load(args)
+    preflight(cfg, args.api_port)
+    print(dump_config(cfg), end="")
     return 0
 
 
@@ -126,9 +130,12 @@ def build_parser() -> argparse.ArgumentParser:
     sft.add_argument("overrides", nargs="*")
     sft.set_defaults(func=cmd_sft)
 
-    val = sub.add_parser("validate", help="validate a config and print it resolved")
+    val = sub.add_parser("validate", help="run every check `relax run` makes before it starts (relax/preflight.py); "
+                         "print the config resolved")
     val.add_argument("config")
     val.add_argument("overrides", nargs="*")
+    val.add_argument("--steps", type=int, help="as for `relax run`")
+    val.add_argument("--api-port", type=int, help="as for `relax run`: check the control API can listen there")
     val.set_defaults(func=cmd_validate)
 
     exp = sub.add_parser("export", help="export a run's final weights as a Hugging Face folder")

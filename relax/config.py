@@ -2,7 +2,9 @@
 
 `load_config(path, overrides)` reads a YAML file, applies dotted `key=value` overrides (values parsed as
 YAML, so `rollout.temperature=0.7` is a float and `faults=[]` a list) and validates the result. Errors
-name the offending field, e.g. `rollout.group_size: Input should be greater than or equal to 2`.
+(`ConfigError`) name the file and line (missing, non-UTF-8, bad YAML), the override, or the offending field,
+e.g. `rollout.group_size: Input should be greater than or equal to 2`. The checks that need more than the
+schema (registries, data files, ports, the schedule) are in relax/preflight.py.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # allow_inf_nan=False: `training.lr=.inf` or `.nan` in any numeric field is refused, not trained on
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class ModelConfig(Strict):
@@ -149,6 +152,8 @@ class RolloutConfig(Strict):
     engine: Literal["torch", "torch_http", "sglang"] = "torch"
     engine_urls: list[str] = Field(default_factory=list)
     replicas: int = Field(1, ge=1)
+    # The most replicas a control-API scale_out may ask for (above it: HTTP 400), besides what the cluster can place.
+    max_replicas: int = Field(64, ge=1)
     prompts_per_step: int = Field(8, ge=1)
     group_size: int = Field(8, ge=2)
     max_new_tokens: int = Field(16, ge=1)
@@ -519,13 +524,22 @@ def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
     node[keys[-1]] = value
 
 
+def _yaml_problem(err: yaml.YAMLError) -> str:
+    return " ".join(x for x in (getattr(err, "context", None), getattr(err, "problem", None)) if x) or str(err)
+
+
 def parse_overrides(pairs: list[str]) -> list[tuple[str, Any]]:
     out = []
     for pair in pairs:
         key, sep, raw = pair.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"override '{pair}' is not of the form key=value")
-        out.append((key.strip(), yaml.safe_load(raw) if raw else ""))
+        key = key.strip()
+        if not sep or not key or any(not part for part in key.split(".")):
+            raise ConfigError(f"override '{pair}' is not of the form key=value (key: dotted field names)")
+        try:
+            value = yaml.safe_load(raw) if raw else ""
+        except yaml.YAMLError as err:
+            raise ConfigError(f"override '{pair}': the value is not valid YAML: {_yaml_problem(err)}") from None
+        out.append((key, value))
     return out
 
 
@@ -544,9 +558,30 @@ def validate(raw: dict) -> ExperimentConfig:
         raise ConfigError(_format(err)) from None
 
 
+def read_yaml(path: str | Path) -> Any:
+    """A YAML file's content; every way it can fail is a ConfigError naming the file (and line)."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such config file") from None
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read it: {err.strerror or err}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data[: err.start].count(b"\n") + 1
+        raise ConfigError(f"{path}: line {line}: not UTF-8 text (byte 0x{data[err.start]:02x})") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        raise ConfigError(f"{path}: {where}invalid YAML: {_yaml_problem(err)}") from None
+
+
 def load_config(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
-    text = Path(path).read_text()
-    raw = yaml.safe_load(text) or {}
+    raw = read_yaml(path) or {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: top level must be a mapping")
     for key, value in parse_overrides(overrides or []):

@@ -179,9 +179,8 @@ class Controller:
 
 def run_experiment(cfg: ExperimentConfig, out: str | Path = "results", run: str | None = None,
                    progress: bool = True, api_port: int | None = None) -> tuple[Path, dict]:
-    get_schedule(cfg)  # a config the chosen schedule cannot run fails here, before any folder is made
-    from relax.engines.remote import check_engine_available
+    from relax.preflight import preflight
 
-    check_engine_available(cfg)  # rollout.engine 'sglang' without sglang installed: fail before anything runs
+    preflight(cfg, api_port)  # every check a run can fail (relax/preflight.py), before any folder or Ray
     run_dir = RunFolder.create(out, cfg.name, cfg.profile, run).path
     return run_dir, Controller(cfg, run_dir, progress, api_port).run()

@@ -110,6 +110,8 @@ class RolloutPool(Protocol):
 
     def remove(self, rid: str) -> None: ...  # stop the process, forget it
 
+    # optional: `capacity() -> int | None`, the most replicas the cluster can hold now (None: no resource bound)
+
 
 NOT_SERVING = ("REMOVED", "DRAINING", "REMOVING", "SPARE", "STARTING_SPARE")
 
@@ -129,8 +131,10 @@ class RayRolloutPool:
     """RolloutPool over RolloutRole actors. `factory(index)` creates a replica's actor; `start(handle, index)`
     starts its run loop and returns the ObjectRef the supervisor watches."""
 
-    def __init__(self, factory: Callable[[int], Any], start: Callable[[Any, int], Any], queue, dcs=None):
+    def __init__(self, factory: Callable[[int], Any], start: Callable[[Any, int], Any], queue, dcs=None,
+                 need: dict[str, float] | None = None):
         self.factory, self.start, self.queue, self.dcs = factory, start, queue, dcs
+        self.need = {k: v for k, v in (need or {}).items() if v > 0}  # Ray resources one replica takes
         self.replicas: dict[int, Replica] = {}
         self.lock = threading.RLock()
         self.next_index = 0
@@ -141,7 +145,8 @@ class RayRolloutPool:
 
     def _get(self, rid: str) -> Replica:
         try:
-            return self.replicas[int(rid.rsplit("-", 1)[1])]
+            with self.lock:
+                return self.replicas[int(rid.rsplit("-", 1)[1])]
         except (KeyError, IndexError, ValueError):
             raise KeyError(f"no rollout replica '{rid}'") from None
 
@@ -169,8 +174,22 @@ class RayRolloutPool:
         with self.lock:
             return next((r for r in self.replicas.values() if r.status == "SPARE"), None)
 
+    def snapshot(self) -> dict[int, Replica]:
+        """A copy of `replicas` taken under the lock: what every walk outside the pool iterates (the API adds
+        replicas from its own thread)."""
+        with self.lock:
+            return dict(self.replicas)
+
+    def capacity(self) -> int | None:
+        """Replicas serving now plus those the cluster's free resources can still place."""
+        if not self.need:
+            return None
+        free = ray.available_resources()
+        more = min(int(free.get(k, 0.0) // v) for k, v in self.need.items())
+        return self.count() + more
+
     def activate_all(self) -> None:
-        for r in list(self.replicas.values()):
+        for r in self.snapshot().values():
             if r.status == "READY":
                 self.activate(self.rid(r.index))
 

@@ -6,9 +6,14 @@ scale out (absolute target `num_replicas`):
 scale in (absolute target, newest replicas first):
     PENDING -> DRAINING (no new work; in-flight work finishes, unless `force`) -> REMOVING -> COMPLETED | FAILED
 
-A target already met answers NOOP; one operation runs at a time (a second one is refused: `Conflict`, HTTP 409);
-replicas present at start are never removed (`BadRequest`, HTTP 400); `dry_run` only says what would go.
-Each operation runs in its own thread against a `RolloutPool`, so the API returns at once.
+One operation runs at a time: any mutating request while one is PENDING or past it and not yet terminal is
+refused (`Conflict`, HTTP 409), checked before anything else, so a duplicate scale_out is 409, not NOOP.
+A target already met answers NOOP (not stored: nothing to poll); a target above `max_replicas` or above what
+the cluster can place (`pool.capacity()`) is `BadRequest` (HTTP 400), as is removing replicas present at start;
+`dry_run` only says what would go (stored as DRY_RUN, so its id can be queried). Finished operations are kept
+up to `keep_finished` (the oldest are forgotten), so recovery.json stays small.
+Each operation runs in its own thread against a `RolloutPool`, so the API returns at once; cancel is checked
+between every replica created and health-checked, so it stops a creation in progress.
 """
 
 from __future__ import annotations
@@ -22,8 +27,8 @@ from relax.api.pool import RolloutPool
 
 SCALE_OUT_STATES = ["PENDING", "CREATING", "HEALTH_CHECKING", "WEIGHT_SYNCING", "READY", "ACTIVE", "FAILED",
                     "CANCELLED", "NOOP"]
-SCALE_IN_STATES = ["PENDING", "DRAINING", "REMOVING", "COMPLETED", "FAILED", "NOOP"]
-TERMINAL = {"ACTIVE", "FAILED", "CANCELLED", "NOOP", "COMPLETED"}
+SCALE_IN_STATES = ["PENDING", "DRAINING", "REMOVING", "COMPLETED", "FAILED", "NOOP", "DRY_RUN"]
+TERMINAL = {"ACTIVE", "FAILED", "CANCELLED", "NOOP", "COMPLETED", "DRY_RUN"}
 
 
 class Conflict(Exception):
@@ -73,8 +78,11 @@ class Operation:
 
 
 class ScaleManager:
-    def __init__(self, pool: RolloutPool, timeout_s: float = 300.0, drain_timeout_s: float = 60.0):
+    def __init__(self, pool: RolloutPool, timeout_s: float = 300.0, drain_timeout_s: float = 60.0,
+                 max_replicas: int | None = None, keep_finished: int = 100):
         self.pool = pool
+        self.max_replicas = max_replicas  # rollout.max_replicas
+        self.keep_finished = keep_finished
         self.timeout_s = timeout_s
         self.drain_timeout_s = drain_timeout_s
         self.ops: dict[str, Operation] = {}
@@ -83,14 +91,29 @@ class ScaleManager:
         self.threads: list[threading.Thread] = []
 
     # -- requests
-    def _running(self) -> Operation | None:
-        return next((op for op in self.ops.values() if not op.done), None)
-
-    def _admit(self, op: Operation, work) -> Operation:
-        running = self._running()
+    def _refuse_if_running(self) -> None:
+        running = next((op for op in self.ops.values() if not op.done), None)
         if running is not None:
             raise Conflict(f"{running.kind} {running.request_id} is still {running.status}; retry when it is done")
+
+    def _store(self, op: Operation) -> None:
+        """Under self.lock. Keeps every unfinished operation and the newest `keep_finished` finished ones."""
         self.ops[op.request_id] = op
+        finished = [rid for rid, o in self.ops.items() if o.done]
+        for rid in finished[: max(0, len(finished) - self.keep_finished)]:
+            del self.ops[rid]
+
+    def _check_limit(self, num_replicas: int) -> None:
+        if self.max_replicas is not None and num_replicas > self.max_replicas:
+            raise BadRequest(f"num_replicas={num_replicas} exceeds rollout.max_replicas={self.max_replicas}")
+        capacity = getattr(self.pool, "capacity", None)
+        cap = capacity() if capacity is not None else None
+        if cap is not None and num_replicas > cap:
+            raise BadRequest(f"num_replicas={num_replicas} exceeds what the cluster can place: {cap} rollout "
+                             f"replicas (free resources for resources.rollout)")
+
+    def _admit(self, op: Operation, work) -> Operation:
+        self._store(op)
         t = threading.Thread(target=self._guard, args=(op, work), name=f"relax-{op.kind}", daemon=True)
         self.threads.append(t)
         t.start()
@@ -100,19 +123,21 @@ class ScaleManager:
         if num_replicas < 1:
             raise BadRequest("num_replicas must be >= 1")
         with self.lock:
+            self._refuse_if_running()
             current = self.pool.count()
             op = Operation("scale_out", num_replicas)
-            if num_replicas <= current:  # met already (replicas being added count): idempotent
+            if num_replicas <= current:  # met already: idempotent (not stored)
                 op.to("NOOP")
                 op.error_message = f"{current} replicas already serve (target {num_replicas})"
-                self.ops[op.request_id] = op
                 return op
+            self._check_limit(num_replicas)
             return self._admit(op, lambda: self._scale_out(op, num_replicas - current, timeout_s or self.timeout_s))
 
     def scale_in(self, num_replicas: int, force: bool = False, dry_run: bool = False) -> Operation:
         if num_replicas < 1:
             raise BadRequest("num_replicas must be >= 1")
         with self.lock:
+            self._refuse_if_running()
             engines = [e for e in self.pool.engines() if e["status"] not in ("REMOVED", "REMOVING", "DRAINING")]
             initial = [e for e in engines if e["initial"]]
             if num_replicas < len(initial):
@@ -121,16 +146,18 @@ class ScaleManager:
             added = sorted((e for e in engines if not e["initial"]), key=lambda e: int(e["engine_id"].rsplit("-", 1)[1]))
             victims = [e["engine_id"] for e in reversed(added)][: max(0, len(engines) - num_replicas)]
             op = Operation("scale_in", num_replicas, force=force, dry_run=dry_run, engine_ids=victims)
-            if not victims or dry_run:
-                op.to("NOOP" if not victims else "DRY_RUN")
-                if dry_run:  # a preview is not an operation: nothing to poll later
-                    return op
-                self.ops[op.request_id] = op
+            if not victims:
+                op.to("NOOP")
+                return op
+            if dry_run:  # a preview: stored so its id answers, nothing runs
+                op.to("DRY_RUN")
+                self._store(op)
                 return op
             return self._admit(op, lambda: self._scale_in(op, victims, force))
 
     def get(self, request_id: str, kind: str | None = None) -> Operation:
-        op = self.ops.get(request_id)
+        with self.lock:
+            op = self.ops.get(request_id)
         if op is None or (kind is not None and op.kind != kind):
             raise NotFound(request_id)
         return op
@@ -161,11 +188,13 @@ class ScaleManager:
             self._check_cancel(op)
             op.to("CREATING")
             for _ in range(n):
+                self._check_cancel(op)
                 made.append(self.pool.create_replica())
                 op.engine_ids = list(made)
             self._check_cancel(op)
             op.to("HEALTH_CHECKING")
             for rid in made:
+                self._check_cancel(op)
                 self.pool.health_check(rid, timeout_s)
             self._check_cancel(op)
             op.to("WEIGHT_SYNCING")
@@ -207,9 +236,16 @@ class ScaleManager:
         for t in list(self.threads):
             t.join(timeout)
 
+    def views(self) -> list[dict]:
+        with self.lock:
+            ops = list(self.ops.values())
+        return [op.view() for op in ops]
+
     def counters(self) -> dict[tuple[str, str], int]:
         out: dict[tuple[str, str], int] = {}
-        for op in self.ops.values():
+        with self.lock:
+            ops = list(self.ops.values())
+        for op in ops:
             out[(op.kind, op.status)] = out.get((op.kind, op.status), 0) + 1
         return out
 

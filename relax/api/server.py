@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from fastapi import APIRouter, Depends, FastAPI, HTTPException
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
@@ -24,13 +25,13 @@ from relax.api.scaling import BadRequest, Conflict, NotFound, ScaleManager
 
 
 class ScaleOutRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     num_replicas: int = Field(..., ge=1, description="target total number of rollout replicas (absolute)")
     timeout_secs: float | None = Field(None, gt=0, description="per-stage timeout of the operation")
 
 
 class ScaleInRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     num_replicas: int = Field(..., ge=1, description="target number of replicas left (absolute)")
     force: bool = Field(False, description="remove without waiting for in-flight work to drain")
     dry_run: bool = Field(False, description="only report which replicas would be removed")
@@ -67,6 +68,16 @@ class EnginesView(BaseModel):
     total_engines: int
 
 
+class ErrorView(BaseModel):
+    detail: str
+
+
+def _codes(*codes: int) -> dict:
+    text = {400: "the request cannot be honoured (the message names the limit)", 401: "missing or wrong bearer token",
+            404: "no such operation", 409: "another operation is pending or running"}
+    return {c: {"model": ErrorView, "description": text[c]} for c in codes}
+
+
 def _prometheus(metrics: dict) -> str:
     """Prometheus text format: {name: value} or {name: [(labels dict, value), ...]}; names get `relax_`."""
     lines = []
@@ -87,11 +98,20 @@ def create_app(manager: ScaleManager, token: str, metrics: Callable[[], dict] | 
     bearer = HTTPBearer(auto_error=False)
 
     def auth(cred: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
-        if cred is None or cred.scheme.lower() != "bearer" or not secrets.compare_digest(cred.credentials, token):
+        # bytes, not str: compare_digest raises on a non-ASCII str (headers arrive latin-1 decoded)
+        given = cred.credentials.encode("utf-8", "surrogateescape") if cred is not None else b""
+        if cred is None or cred.scheme.lower() != "bearer" or not secrets.compare_digest(given, token.encode()):
             raise HTTPException(401, "missing or wrong bearer token (see <run_dir>/api_token)",
                                 headers={"WWW-Authenticate": "Bearer"})
 
-    api = APIRouter(dependencies=[Depends(auth)])
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, err: RequestValidationError) -> JSONResponse:
+        # FastAPI's own 422 echoes the input, and a NaN/Infinity input cannot be written as JSON (a 500)
+        detail = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
+                  for e in err.errors()]
+        return JSONResponse({"detail": detail}, status_code=422)
+
+    api = APIRouter(dependencies=[Depends(auth)], responses=_codes(401))
 
     def op_or_404(request_id: str, kind: str) -> dict:
         try:
@@ -103,7 +123,7 @@ def create_app(manager: ScaleManager, token: str, metrics: Callable[[], dict] | 
     def get_health() -> dict:
         return {"status": "ok", "time": time.time(), **(health() if health else {})}
 
-    @api.post("/rollout/scale_out", response_model=OperationView, tags=["scaling"])
+    @api.post("/rollout/scale_out", responses=_codes(400, 409), response_model=OperationView, tags=["scaling"])
     def scale_out(req: ScaleOutRequest) -> dict:
         try:
             return manager.scale_out(req.num_replicas, req.timeout_secs).view()
@@ -112,11 +132,11 @@ def create_app(manager: ScaleManager, token: str, metrics: Callable[[], dict] | 
         except BadRequest as err:
             raise HTTPException(400, str(err)) from None
 
-    @api.get("/rollout/scale_out/{request_id}", response_model=OperationView, tags=["scaling"])
+    @api.get("/rollout/scale_out/{request_id}", responses=_codes(404), response_model=OperationView, tags=["scaling"])
     def get_scale_out(request_id: str) -> dict:
         return op_or_404(request_id, "scale_out")
 
-    @api.post("/rollout/scale_out/{request_id}/cancel", response_model=OperationView, tags=["scaling"])
+    @api.post("/rollout/scale_out/{request_id}/cancel", responses=_codes(404, 409), response_model=OperationView, tags=["scaling"])
     def cancel_scale_out(request_id: str) -> dict:
         try:
             return manager.cancel(request_id).view()
@@ -125,7 +145,7 @@ def create_app(manager: ScaleManager, token: str, metrics: Callable[[], dict] | 
         except Conflict as err:
             raise HTTPException(409, str(err)) from None
 
-    @api.post("/rollout/scale_in", response_model=OperationView, tags=["scaling"])
+    @api.post("/rollout/scale_in", responses=_codes(400, 409), response_model=OperationView, tags=["scaling"])
     def scale_in(req: ScaleInRequest) -> dict:
         try:
             return manager.scale_in(req.num_replicas, req.force, req.dry_run).view()
@@ -134,7 +154,7 @@ def create_app(manager: ScaleManager, token: str, metrics: Callable[[], dict] | 
         except BadRequest as err:
             raise HTTPException(400, str(err)) from None
 
-    @api.get("/rollout/scale_in/{request_id}", response_model=OperationView, tags=["scaling"])
+    @api.get("/rollout/scale_in/{request_id}", responses=_codes(404), response_model=OperationView, tags=["scaling"])
     def get_scale_in(request_id: str) -> dict:
         return op_or_404(request_id, "scale_in")
 

@@ -81,7 +81,9 @@ class Supervisor:
         self.dcs.publish(0, initial_state, pin=True)
         shared = cfg.mode == "async" and cfg.schedule == "relax"
         self.queue = GroupQueue.remote(cfg.steps, cfg.rollout.prompts_per_step, cfg.rollout.chunk_groups) if shared else None
-        self.pool = RayRolloutPool(lambda i: self._create("rollout", i), self._start_replica, self.queue, self.dcs)
+        res = cfg.resources.rollout
+        self.pool = RayRolloutPool(lambda i: self._create("rollout", i), self._start_replica, self.queue, self.dcs,
+                                   need={"CPU": res.cpus, "GPU": res.gpus})
         for name in ctx.role_names:
             if name != "rollout":
                 ctx.roles[name] = self._create(name)
@@ -100,7 +102,7 @@ class Supervisor:
         from relax.api.scaling import ScaleManager
         from relax.api.server import start_api
 
-        self.scaler = ScaleManager(self.pool)
+        self.scaler = ScaleManager(self.pool, max_replicas=self.cfg.rollout.max_replicas)
         self.api = start_api(self.ctx.run_dir, self.scaler, self.api_port, metrics=self.metrics,
                              health=lambda: {"steps_done": len(self.ctx.records), "steps": self.cfg.steps})
         log.warning("control API on %s (token in %s)", self.api.url, Path(self.ctx.run_dir) / "api_token")
@@ -296,7 +298,7 @@ class Supervisor:
 
     def _check_heartbeats(self) -> None:
         limit = self.cfg.health.heartbeat_timeout_s
-        ours = set(self.pids.values()) | {r.pid for r in self.pool.replicas.values() if r.status == "ACTIVE"}
+        ours = set(self.pids.values()) | {r.pid for r in self.pool.snapshot().values() if r.status == "ACTIVE"}
         for m in self.dcs.topology()["members"]:
             if m["pid"] in ours and missed_heartbeats(m, limit):
                 log.warning("%s (pid %d) missed heartbeats for %.1f s: killing it", m["role"], m["pid"],
@@ -356,7 +358,7 @@ class Supervisor:
             if name != "rollout":
                 self._forget(self.pids.pop(name, None))
                 ray.kill(h)
-        active = [i for i, r in self.pool.replicas.items() if r.status in ("ACTIVE", "IDLE", "READY")]
+        active = [i for i, r in self.pool.snapshot().items() if r.status in ("ACTIVE", "IDLE", "READY")]
         for i in active:
             rep = self.pool.replicas[i]
             self._forget(rep.pid)
@@ -429,7 +431,7 @@ class Supervisor:
                "dcs": {"transport": self.cfg.dcs.transport, "bucket_mb": self.cfg.dcs.bucket_mb,
                        **topo.get("stats", {})}}
         if self.api is not None:
-            out["scale_operations"] = [op.view() for op in self.scaler.ops.values()]
+            out["scale_operations"] = self.scaler.views()
         RunFolder(self.ctx.run_dir).write_recovery(out)
         return out
 

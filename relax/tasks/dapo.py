@@ -38,7 +38,12 @@ def _read(path: Path) -> list[dict]:
         return [_plain(r) for r in pq.read_table(path).to_pylist()]
     if path.suffix in (".jsonl", ".json"):
         rows = []
-        for n, line in enumerate(path.read_text().splitlines(), 1):
+        for n, raw in enumerate(path.read_bytes().splitlines(), 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise ValueError(f"task.params.path: {path.name} line {n} is not UTF-8 text "
+                                 f"(byte 0x{raw[err.start]:02x} at column {err.start + 1})") from None
             if line.strip():
                 try:
                     rows.append(json.loads(line))

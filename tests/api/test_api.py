@@ -146,7 +146,8 @@ def test_scale_out_walks_every_state_then_scale_in_drains_before_removing(client
 def test_noop_when_the_target_is_met(client, pool):
     r = client.post("/rollout/scale_out", json={"num_replicas": 2}, headers=AUTH)
     assert r.status_code == 200 and r.json()["status"] == "NOOP"
-    assert client.get(f"/rollout/scale_out/{r.json()['request_id']}", headers=AUTH).json()["status"] == "NOOP"
+    # a NOOP is not stored (issue 16: recovery.json grew with every one): its id answers 404
+    assert client.get(f"/rollout/scale_out/{r.json()['request_id']}", headers=AUTH).status_code == 404
     r = client.post("/rollout/scale_in", json={"num_replicas": 2}, headers=AUTH)
     assert r.json()["status"] == "NOOP"
     assert pool.calls == []
@@ -278,3 +279,134 @@ def test_relax_scale_cli_reads_the_run_dir_and_drives_every_operation(tmp_path, 
             relax_scale("engines", run_dir=tmp_path / "nowhere")
     finally:
         server.stop()
+
+
+# ---- issue 16: no request can hurt the run -------------------------------------------------------------------
+
+
+def make_client(pool, **kw):
+    manager = ScaleManager(pool, timeout_s=5, drain_timeout_s=5, **kw)
+    c = TestClient(create_app(manager, TOKEN))
+    c.manager = manager
+    return c
+
+
+def test_num_replicas_is_bounded_by_the_configured_maximum_and_the_cluster(pool):
+    c = make_client(pool, max_replicas=4)
+    r = c.post("/rollout/scale_out", json={"num_replicas": 1_000_000_000}, headers=AUTH)
+    assert r.status_code == 400 and "rollout.max_replicas=4" in r.json()["detail"]
+    pool.capacity = lambda: 3  # what the cluster's free resources can place
+    r = c.post("/rollout/scale_out", json={"num_replicas": 4}, headers=AUTH)
+    assert r.status_code == 400 and "cluster can place: 3" in r.json()["detail"]
+    assert pool.calls == [] and c.manager.ops == {}
+    assert c.post("/rollout/scale_out", json={"num_replicas": 3}, headers=AUTH).status_code == 200
+    c.manager.wait(10)
+
+
+def test_cancel_stops_a_creation_in_progress(client, pool):
+    pool.hold["create"] = threading.Event()
+    op = client.post("/rollout/scale_out", json={"num_replicas": 12}, headers=AUTH).json()
+    wait_status(client, "scale_out", op["request_id"], {"CREATING"})
+    assert client.post(f"/rollout/scale_out/{op['request_id']}/cancel", headers=AUTH).status_code == 200
+    pool.hold["create"].set()
+    done = wait_status(client, "scale_out", op["request_id"], {"CANCELLED", "FAILED", "ACTIVE"})
+    assert done["status"] == "CANCELLED"
+    created = [rid for name, rid in pool.calls if name == "create"]
+    assert len(created) == 1  # the one being created when cancel came; none of the other 9
+    assert set(pool.reps) == {"rollout-0", "rollout-1"}  # rolled back
+
+
+def test_two_identical_scale_outs_sent_together_give_200_and_409(client, pool):
+    pool.hold["health"] = threading.Event()
+    codes, start = [], threading.Barrier(2)
+
+    def send():
+        start.wait()
+        codes.append(client.post("/rollout/scale_out", json={"num_replicas": 3}, headers=AUTH).status_code)
+
+    threads = [threading.Thread(target=send) for _ in range(2)]
+    [t.start() for t in threads]
+    [t.join(10) for t in threads]
+    assert sorted(codes) == [200, 409]
+    # one sent after the first is admitted, while its replica is still HEALTH_CHECKING: 409, not NOOP
+    r = client.post("/rollout/scale_out", json={"num_replicas": 3}, headers=AUTH)
+    assert r.status_code == 409 and any(s in r.json()["detail"] for s in ("CREATING", "HEALTH_CHECKING"))
+    pool.hold["health"].set()
+
+
+@pytest.mark.parametrize("header", ["Bearer \u00e9t\u00e9".encode("utf-8"), "Bearer \u00e9".encode("latin-1"),
+                                    b"Bearer \xff\xfe", b"Basic \xc3\xa9"])
+def test_a_non_ascii_token_is_401(client, header):
+    r = client.get("/rollout/engines", headers={"Authorization": header})
+    assert r.status_code == 401
+
+
+@pytest.mark.parametrize("body", ['{"num_replicas": 3, "timeout_secs": NaN}',
+                                  '{"num_replicas": 3, "timeout_secs": Infinity}',
+                                  '{"num_replicas": 3, "timeout_secs": -Infinity}',
+                                  '{"num_replicas": NaN}', '{"num_replicas": 1e400}', '{"num_replicas": Infinity}'])
+def test_nan_and_infinity_are_422(client, pool, body):
+    for path in ("/rollout/scale_out", "/rollout/scale_in"):
+        r = client.post(path, content=body, headers={**AUTH, "Content-Type": "application/json"})
+        assert r.status_code == 422, (path, r.text)
+        assert {"loc", "msg", "type"} <= set(r.json()["detail"][0])
+    assert pool.calls == []
+
+
+def test_the_schema_documents_every_status_code_each_endpoint_returns(client):
+    paths = client.get("/openapi.json", headers=AUTH).json()["paths"]
+    want = {("post", "/rollout/scale_out"): {200, 400, 401, 409, 422},
+            ("get", "/rollout/scale_out/{request_id}"): {200, 401, 404, 422},
+            ("post", "/rollout/scale_out/{request_id}/cancel"): {200, 401, 404, 409, 422},
+            ("post", "/rollout/scale_in"): {200, 400, 401, 409, 422},
+            ("get", "/rollout/scale_in/{request_id}"): {200, 401, 404, 422},
+            ("get", "/rollout/engines"): {200, 401}, ("get", "/metrics"): {200, 401}, ("get", "/health"): {200}}
+    for (method, path), codes in want.items():
+        assert {int(c) for c in paths[path][method]["responses"]} == codes, (method, path)
+
+
+def test_a_dry_run_id_can_be_queried(client, pool):
+    pool.reps["rollout-7"] = {"initial": False, "status": "ACTIVE"}
+    op = client.post("/rollout/scale_in", json={"num_replicas": 2, "dry_run": True}, headers=AUTH).json()
+    r = client.get(f"/rollout/scale_in/{op['request_id']}", headers=AUTH)
+    assert r.status_code == 200 and r.json()["status"] == "DRY_RUN" and r.json()["engine_ids"] == ["rollout-7"]
+    assert pool.calls == [] and "rollout-7" in pool.reps
+
+
+def test_finished_operations_are_kept_up_to_a_bound_and_noops_not_at_all(pool):
+    c = make_client(pool, keep_finished=3)
+    pool.reps["rollout-7"] = {"initial": False, "status": "ACTIVE"}
+    ids = [c.post("/rollout/scale_in", json={"num_replicas": 2, "dry_run": True}, headers=AUTH).json()["request_id"]
+           for _ in range(5)]
+    for _ in range(50):
+        assert c.post("/rollout/scale_out", json={"num_replicas": 1}, headers=AUTH).json()["status"] == "NOOP"
+    assert list(c.manager.ops) == ids[-3:]  # the newest finished ones, no NOOP
+    assert len(c.manager.views()) == 3
+
+
+def test_the_pool_is_walked_through_a_snapshot_while_the_api_adds_replicas(monkeypatch):
+    """The supervisor iterates `pool.snapshot()` (taken under the pool's lock), not `pool.replicas`, so a
+    scale_out adding replicas from the API thread cannot break its walk (issue 16: dictionary changed size)."""
+    from relax.api import pool as pool_mod
+
+    p = pool_mod.RayRolloutPool(lambda i: object(), lambda h, i: None, queue=None, need={"CPU": 2, "GPU": 0})
+    stop = threading.Event()
+
+    def add():
+        for _ in range(3000):
+            if stop.is_set():
+                return
+            p.create_replica()
+
+    t = threading.Thread(target=add)
+    t.start()
+    try:
+        while t.is_alive():
+            _ = [r.status for r in p.snapshot().values()]
+    finally:
+        stop.set()
+        t.join(10)
+    assert len(p.snapshot()) == p.next_index
+    monkeypatch.setattr(pool_mod.ray, "available_resources", lambda: {"CPU": 5.0})
+    assert p.capacity() == p.count() + 2  # 5 free CPUs, 2 per replica; GPU 0 is no constraint
+    assert pool_mod.RayRolloutPool(lambda i: None, lambda h, i: None, queue=None).capacity() is None

@@ -59,6 +59,13 @@ def test_scale_out_then_in_during_a_live_run_the_serving_engines_follow_the_repl
         assert scale(run_dir, "in", "1", "--dry-run")["status"] == "NOOP"
         assert scale(run_dir, "out", "1")["status"] == "NOOP"
         assert c.post("/rollout/scale_in", json={"num_replicas": 0}).status_code == 422
+        # issue 16: hostile requests are refused without touching the run
+        r = c.post("/rollout/scale_out", json={"num_replicas": 1_000_000_000})
+        assert r.status_code == 400 and "rollout.max_replicas" in r.json()["detail"]
+        for body in ('{"num_replicas": 2, "timeout_secs": NaN}', '{"num_replicas": Infinity}'):
+            assert c.post("/rollout/scale_out", content=body, headers={"Content-Type": "application/json"}).status_code == 422
+        assert httpx.get(f"{url}/rollout/engines", headers={"Authorization": "Bearer \u00e9".encode()}).status_code == 401
+        assert c.get("/openapi.json").status_code == 200
 
         phases = run_phases(url, token, groups=4, timeout=300, alive=lambda: proc.poll() is None)
         # Which engines served requests follows the replica count: 1, then 2 (the added one too), then 1.
@@ -81,5 +88,6 @@ def test_scale_out_then_in_during_a_live_run_the_serving_engines_follow_the_repl
     assert summary["steps"] == steps
     assert summary["samples_lost"] == 0 and summary["samples_duplicated"] == 0
     rec = json.loads((run_dir / "recovery.json").read_text())
-    assert [op["status"] for op in rec["scale_operations"]] == ["NOOP", "ACTIVE", "COMPLETED"]  # a dry run is none
+    # NOOPs are not stored (issue 16), and the dry run above was a NOOP (nothing to remove)
+    assert [op["status"] for op in rec["scale_operations"]] == ["ACTIVE", "COMPLETED"]
     assert rec["events"] == []  # a drained replica is not a failure
