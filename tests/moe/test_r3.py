@@ -280,6 +280,7 @@ def test_fields_config_and_errors(moe, bf16_rollout):
         build_replay(plens, rlens, 64, bad, E)
 
 
+@pytest.mark.slow
 def test_routing_fields_survive_the_bus_round_trip(bf16_rollout):
     """One real bus (Ray + TransferQueue) round trip: uint8 [T, layers, k] per row, unchanged."""
     from relax.bus import Bus
@@ -304,6 +305,7 @@ def test_routing_fields_survive_the_bus_round_trip(bf16_rollout):
             bus.close()
 
 
+@pytest.mark.slow
 def test_verl_emulated_trainer_replays_the_routing_in_its_old_log_prob_forward(tmp_path):
     """veRL's trainer (schedule=verl) recomputes the old log-probs and the reference log-probs itself. With R3
     they replay the rollout's experts as the training forward does: the training forward runs on the very

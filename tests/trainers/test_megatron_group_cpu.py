@@ -50,6 +50,7 @@ def _same_first_step(row, row1):
     assert abs(row["loss"] - row1["loss"]) < 1e-5, (row, row1)
 
 
+@pytest.mark.slow
 def test_tp2_dp2_actor_trains_publishes_and_matches_one_rank(tmp_path, single):
     from relax.models.warmup import warmup_state
 
@@ -110,6 +111,7 @@ def test_killed_groups_restart_the_reference_in_place_and_the_actor_from_its_che
     assert rows[-1]["step"] == 4 and all(r["trainer_ranks"] == 2 and r["update_ok"] for r in rows), rows
 
 
+@pytest.mark.slow
 def test_pp2_dp2_group_matches_the_torch_trainer():
     """The group's own dispatch on 4 ranks, PP 2 x DP 2, outside a run: metrics and log-probs come back from the
     remote last-stage ranks of both replicas, a one-row micro-batch leaves one replica a placeholder row (no
@@ -134,6 +136,7 @@ def test_pp2_dp2_group_matches_the_torch_trainer():
     assert r["err_mirror"] < 1e-4 and r["refused_other_layout"], r
 
 
+@pytest.mark.slow
 def test_a_dead_rank_ends_the_roles_process():
     """A rank of the group dies: the role's process (rank 0) exits instead of waiting in a collective, so the
     supervisor sees the role die (Tier 2 restart of the group)."""

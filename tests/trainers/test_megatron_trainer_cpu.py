@@ -8,9 +8,12 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
+
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="megatron-core not installed"),
@@ -78,7 +81,7 @@ def result():
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     env.pop("MASTER_PORT", None)
     out = subprocess.run([sys.executable, "-c", _SCRIPT, json.dumps(TINY)], capture_output=True, text=True,
-                         timeout=600, env=env, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                         timeout=600, env=env, cwd=str(ROOT))
     assert out.returncode == 0, out.stderr[-4000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -106,7 +109,7 @@ def test_actor_role_trains_with_megatron_end_to_end(tmp_path):
     from relax.config import load_config
     from relax.controller import run_experiment
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = str(ROOT)
     small = ["rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.chunk_groups=2", "warmup.steps=40",
              "task.eval_size=16", "model.hidden_size=64", "model.intermediate_size=128"]
     cfg = load_config(os.path.join(root, "experiments/async/cpu.yaml"), ["steps=2", "training.trainer=megatron",
