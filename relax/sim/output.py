@@ -7,25 +7,12 @@ import bisect
 from collections import defaultdict
 
 from relax.config import ExperimentConfig, dump_config
+from relax.metrics.telemetry import union_seconds
 from relax.run_folder import RunFolder
 from relax.schedules.spans import CATEGORY, IDLE, OTHER, TRAINER_LANE, WAIT_SPANS
 from relax.sim.sim import Simulation
 
 ROLES = ("rollout", "reward", "reference", "actor_fwd", "advantages", "actor")
-
-
-def _union(intervals) -> float:
-    total, lo_c, hi_c = 0.0, None, None
-    for lo, hi in sorted(intervals):
-        if hi <= lo:
-            continue
-        if hi_c is None or lo > hi_c:
-            if hi_c is not None:
-                total += hi_c - lo_c
-            lo_c, hi_c = lo, hi
-        else:
-            hi_c = max(hi_c, hi)
-    return total + (hi_c - lo_c if hi_c is not None else 0.0)
 
 
 def roles_of(sim: Simulation) -> list[str]:
@@ -55,7 +42,7 @@ def metrics_rows(sim: Simulation, hardware: str) -> list[dict]:
                      "tokens": int(sum(resp)), "staleness_mean": sum(stale) / len(stale),
                      "staleness_max": max(stale), "trainer_wait_s": round(extra.get("trainer_wait_s", 0.0), 4),
                      "weight_sync_s": round(extra.get("weight_sync_s", 0.0), 4), "weight_version": k + 1,
-                     "busy_s": {r: round(_union(pieces.get((k, r), [])), 4) for r in roles},
+                     "busy_s": {r: round(union_seconds(pieces.get((k, r), [])), 4) for r in roles},
                      **({"sleep_wake_s": round(extra["sleep_wake_s"], 4)} if "sleep_wake_s" in extra else {}),
                      "simulated": True, "hardware": hardware})
     return rows
@@ -71,7 +58,7 @@ def critical_path(sim: Simulation) -> dict[str, float]:
         if s.role == TRAINER_LANE:
             out[CATEGORY.get(s.name, OTHER)] += s.end - s.start
             covered.append((s.start, s.end))
-    out[IDLE] += max(total - _union(covered), 0.0)
+    out[IDLE] += max(total - union_seconds(covered), 0.0)
     return {c: round(v, 4) for c, v in sorted(out.items(), key=lambda kv: -kv[1]) if v > 0}
 
 
@@ -84,7 +71,7 @@ def utilisation(sim: Simulation) -> dict[str, float]:
             work[(s.role, s.args.get("replica", 0))].append((s.start, s.end))
     per_role: dict[str, list[float]] = defaultdict(list)
     for (role, _), iv in work.items():
-        per_role[role].append(_union(iv) / total)
+        per_role[role].append(union_seconds(iv) / total)
     reps = sim.cfg.rollout.replicas
     return {r: round(sum(v) / (reps if r == "rollout" else len(v)), 4) for r, v in per_role.items()}
 

@@ -299,7 +299,7 @@ def test_aggregate_sums_over_micro_batches(mode):
     close(parts, full, tol=1e-6)
 
 
-@pytest.mark.parametrize("name", ["ppo", "gspo", "sapo"])
+@pytest.mark.parametrize("name", ["ppo", "gspo", "sapo", "cispo", "reinforce", "dro", "gmpo"])
 def test_policy_loss_gradients_accumulate_exactly(name):
     torch.manual_seed(2)
     mask = mask_of([4, 2, 3, 1], 4)
