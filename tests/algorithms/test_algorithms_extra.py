@@ -1,5 +1,5 @@
 """The estimators, losses, aggregations and KL estimators added for issue 17, each against a hand-computed
-value and gradient (pure torch, fast); the helpers are those of tests/algorithms/test_algorithms.py."""
+value and gradient (pure torch, fast); the helpers are imported from tests/algorithms/test_algorithms.py."""
 
 import math
 from pathlib import Path
@@ -13,42 +13,16 @@ from relax.algorithms import (
     aggregate,
     check_config,
     get_advantage,
-    get_policy_loss,
     kl_penalty,
     kl_reward,
 )
 from relax.algorithms.m2po import second_moment_mask
 from relax.config import AlgorithmConfig, load_config
+from test_algorithms import adv, close, loss_call, mask_of  # the same helpers, one copy
 
 T = torch.tensor
 LN = math.log
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def close(a, b, tol=1e-5):
-    torch.testing.assert_close(torch.as_tensor(a, dtype=torch.float32), torch.as_tensor(b, dtype=torch.float32),
-                               atol=tol, rtol=tol)
-
-
-def mask_of(lengths, T_=None):
-    T_ = T_ or max(lengths)
-    return (torch.arange(T_)[None, :] < T(lengths)[:, None]).float()
-
-
-def adv(name, rewards, groups, lengths, cfg=None, **extra):
-    inp = AdvantageInput(rewards=T(rewards, dtype=torch.float32), group_index=T(groups),
-                         response_mask=mask_of(lengths), **extra)
-    return get_advantage(name)(inp, cfg or AlgorithmConfig())
-
-
-def loss_call(name, logp, old, a, mask, cfg=None):
-    """Run a policy loss; returns (loss, d loss / d logp, metrics)."""
-    f32 = lambda x: torch.as_tensor(x, dtype=torch.float32)  # noqa: E731
-    logp, mask = f32(logp).clone().requires_grad_(), f32(mask)
-    loss, metrics = get_policy_loss(name)(logp, f32(old), f32(a), mask, cfg or AlgorithmConfig(),
-                                          loss_scale=LossScale.of(mask))
-    loss.backward()
-    return loss.detach(), logp.grad, metrics
 
 
 def _cfg(*overrides):
