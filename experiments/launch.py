@@ -65,8 +65,9 @@ class Spawned:
             return
         self._log.close()
         self._load.__exit__(None, None, None)
-        if rc == 0 and RunFolder(self.run_dir).complete:
-            RunFolder(self.run_dir).write_host_load(self._load.record)
+        folder = RunFolder(self.run_dir)
+        if rc == 0 and folder.complete:
+            folder.write_host_load(self._load.record)
 
 
 def spawn(config: str | Path, overrides: list[str] = (), out: Path = ROOT / "results", run: str = "run",

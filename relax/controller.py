@@ -54,6 +54,8 @@ class Controller:
     def __init__(self, cfg: ExperimentConfig, run_dir: Path, progress: bool = True, api_port: int | None = None):
         self.cfg = cfg
         self.run_dir = run_dir
+        self.folder = RunFolder(run_dir)
+        self.names = role_names(cfg)  # the services this run starts (relax/roles/registry.py, less the schedule's)
         self.progress = progress
         self.api_port = api_port  # the control API (relax/api/) listens here when set (0: any free port)
         self.roles: dict[str, ray.actor.ActorHandle] = {}
@@ -62,15 +64,12 @@ class Controller:
         self.memory = MemoryMeter()
 
     # --- set-up ------------------------------------------------------------------------------------------
-    def role_names(self) -> list[str]:
-        return role_names(self.cfg)  # relax/roles/registry.py, less what the schedule does without
-
     def start_roles(self, initial_state) -> None:
         cfg = self.cfg
         self.bus = Bus.start(cfg.bus, cfg.rollout.group_size, cfg.max_staleness)
         self.telemetry = Telemetry.remote()
         # What the supervisor and the schedule see of this run (the dicts are the controller's own).
-        self.ctx = RunContext(cfg, self.run_dir, self.bus, self.telemetry, self.role_names(), self.roles,
+        self.ctx = RunContext(cfg, self.run_dir, self.bus, self.telemetry, self.names, self.roles,
                               self.records, self.poll, self.colocate_extra)
         # DCS (weights, version 0 = initial_state), the roles and rollout replicas, faults, recovery, API.
         self.supervisor = Supervisor(self.ctx, self.api_port)
@@ -87,15 +86,14 @@ class Controller:
 
     def write_metrics(self, t_start: float, spans: list[dict]) -> list[dict]:
         rows, prev_end = [], t_start
-        names = self.role_names()
         for k in sorted(self.records):
             rec = dict(self.records[k])
             end = rec.pop("end_time")
             rows.append({"step": k, "wall_time_s": round(end - t_start, 4), "step_time_s": round(end - prev_end, 4),
                          **{key: v for key, v in rec.items() if key != "step"},
-                         "busy_s": busy_seconds(spans, prev_end, end, names), **self.colocate_extra.get(k, {})})
+                         "busy_s": busy_seconds(spans, prev_end, end, self.names), **self.colocate_extra.get(k, {})})
             prev_end = end
-        RunFolder(self.run_dir).write_metrics(rows)
+        self.folder.write_metrics(rows)
         return rows
 
     def write_summary(self, rows: list[dict], t_start: float, spans: list[dict], account: list[int],
@@ -104,8 +102,8 @@ class Controller:
         train_s = rows[-1]["wall_time_s"]
         steady = rows[1:] or rows  # step 0 includes pipeline fill
         step_time = sum(r["step_time_s"] for r in steady) / len(steady)
-        busy_total = busy_seconds(spans, t_start, t_start + train_s, self.role_names())
-        busy_per_step = {n: sum(r["busy_s"][n] for r in steady) / len(steady) for n in self.role_names()}
+        busy_total = busy_seconds(spans, t_start, t_start + train_s, self.names)
+        busy_per_step = {n: sum(r["busy_s"][n] for r in steady) / len(steady) for n in self.names}
         slowest = max(busy_per_step.values())
         expected = set(range(cfg.steps * cfg.rows_per_step))
         tail = rows[-max(1, len(rows) // 4):]
@@ -140,13 +138,13 @@ class Controller:
         if self.colocate_extra:
             summary["sleep_wake_s_mean"] = round(
                 sum(v["sleep_wake_s"] for v in self.colocate_extra.values()) / len(self.colocate_extra), 4)
-        RunFolder(self.run_dir).write_summary(summary)
+        self.folder.write_summary(summary)
         return summary
 
     # --- entry point -------------------------------------------------------------------------------------
     def run(self) -> dict:
         cfg = self.cfg
-        RunFolder(self.run_dir).write_config(dump_config(cfg))
+        self.folder.write_config(dump_config(cfg))
         state = warmup_state(cfg, progress=self.progress)
         with RaySession(num_cpus=max(8, os.cpu_count() or 2)):
             try:
@@ -169,7 +167,7 @@ class Controller:
                     self.supervisor.shutdown()  # writes recovery.json, stops the API and every role
                 if hasattr(self, "bus"):
                     self.bus.close()
-        RunFolder(self.run_dir).write_trace(chrome_trace(spans, t_start))
+        self.folder.write_trace(chrome_trace(spans, t_start))
         rows = self.write_metrics(t_start, spans)
         # Greedy accuracy on held-out prompts, before and after RL (the warm-up start vs the trained policy).
         evals = {"eval_accuracy_start": greedy_accuracy(cfg, state), "eval_accuracy_end": greedy_accuracy(cfg, final_state),
