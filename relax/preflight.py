@@ -31,12 +31,9 @@ def preflight(cfg: ExperimentConfig, api_port: int | None = None) -> None:
     except RuntimeError as err:
         raise ConfigError(str(err)) from None
     try:
-        check_config(cfg.algorithm)
-    except (ValueError, KeyError) as err:
-        msg = str(err.args[0] if err.args else err)
-        field = ("algorithm.advantage" if "advantage estimator" in msg else
-                 "algorithm.policy_loss" if "policy loss" in msg else None)
-        raise ConfigError(f"{field}: {msg}" if field and not msg.startswith("algorithm.") else msg) from None
+        check_config(cfg.algorithm)  # its errors name the field
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
     for name in ("algorithm.params", "task.params"):
         section, field = name.split(".")
         _finite(getattr(getattr(cfg, section), field), name)

@@ -91,10 +91,15 @@ def read_params(cfg: AlgorithmConfig, defaults: Mapping[str, Any]) -> dict[str, 
 
 def check_config(cfg: AlgorithmConfig) -> None:
     """Fail fast: both names are registered and every `cfg.params` key is read by one of them."""
-    allowed = {
-        **_lookup(_ADVANTAGES, "advantage estimator", cfg.advantage).params,
-        **_lookup(_POLICY_LOSSES, "policy loss", cfg.policy_loss).params,
-    }
+    try:
+        advantage = _lookup(_ADVANTAGES, "advantage estimator", cfg.advantage)
+    except ValueError as err:
+        raise ValueError(f"algorithm.advantage: {err}") from None
+    try:
+        loss = _lookup(_POLICY_LOSSES, "policy loss", cfg.policy_loss)
+    except ValueError as err:
+        raise ValueError(f"algorithm.policy_loss: {err}") from None
+    allowed = {**advantage.params, **loss.params}
     unknown = sorted(set(cfg.params) - set(allowed))
     if unknown:
         raise ValueError(
