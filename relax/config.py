@@ -114,6 +114,9 @@ class AlgorithmConfig(Strict):
     kl_coef: float = Field(0.0, ge=0)  # weight of KL(policy || reference); > 0 starts the Reference role
     kl_estimator: Literal["k1", "k2", "k3", "abs", "k1+", "k3+"] = "k3"  # per-token estimator (relax/algorithms/kl.py)
     kl_in_reward: bool = False  # true: -kl_coef * KL per token joins the reward (Advantages); false: a loss term
+    # The PPO ratio's old log-probs: the rollout engine's (carries the engine-vs-trainer mismatch), or
+    # actor_fwd: the trainer's forward at each row's weight version (the ActorFwd role; rollout's stay for TIS).
+    old_log_probs: Literal["rollout", "actor_fwd"] = "rollout"
     params: dict[str, Any] = Field(default_factory=dict)
     dynamic_sampling: "DynamicSamplingConfig" = Field(default_factory=lambda: DynamicSamplingConfig())
 
@@ -252,8 +255,8 @@ class ResourcesConfig(Strict):
     reference: RoleResources = _res(0.25)
     reward: RoleResources = _res(0.25)
     advantages: RoleResources = _res(0.25)
-    # Recomputes old log-probs with the trainer's current weights (the paper's ActorFwd); cpus 0 = not started.
-    actor_fwd: RoleResources = _res(0.0)
+    # The paper's ActorFwd (old log-probs from the trainer's forward), started when algorithm.old_log_probs is actor_fwd.
+    actor_fwd: RoleResources = _res(0.25)
     critic: RoleResources = _res(0.25)  # started when algorithm.advantage is gae
     teacher: RoleResources = _res(0.25)  # started when algorithm.policy_loss is opd
     genrm: RoleResources = _res(0.25)  # started when task.reward is genrm
@@ -374,6 +377,10 @@ class ExperimentConfig(Strict):
         if self.algorithm.kl_in_reward and (self.algorithm.kl_coef == 0 or self.schedule != "relax"):
             # The emulated schedules run the reference inside their trainer, after Advantages has already run.
             raise ValueError("algorithm.kl_in_reward needs algorithm.kl_coef > 0 and schedule 'relax'")
+        if self.algorithm.old_log_probs == "actor_fwd" and self.schedule != "relax":
+            # Their trainers recompute old log-probs themselves, as veRL and OpenRLHF do.
+            raise ValueError(f"algorithm.old_log_probs: 'actor_fwd' is a service of schedule 'relax'; the {self.schedule} "
+                             "schedule recomputes old log-probs inside its trainer")
         for i, f in enumerate(self.faults):
             if not supervised:
                 raise ValueError(f"faults.{i}: fault injection needs mode 'async' and schedule 'relax'")
@@ -469,12 +476,11 @@ class ExperimentConfig(Strict):
 
 def model_roles(cfg: "ExperimentConfig") -> list[str]:
     """The roles holding the policy model's trainer or forward: the Actor, the Reference (when kl_coef > 0),
-    ActorFwd (when it has resources) and the Critic (gae)."""
+    ActorFwd (algorithm.old_log_probs actor_fwd) and the Critic (gae)."""
     roles = ["actor"]
     if cfg.algorithm.kl_coef > 0:
         roles.append("reference")
-    r = cfg.resources.actor_fwd
-    if r.cpus > 0 or r.gpus > 0:
+    if cfg.algorithm.old_log_probs == "actor_fwd":
         roles.append("actor_fwd")
     if cfg.algorithm.advantage == "gae":
         roles.append("critic")

@@ -183,9 +183,7 @@ def resolve_plan(cfg, *, parallel: dict | None = None, gpus_per_node: int = GPUS
                 plan["notes"].append(f"{role}: {n} CPU rank(s), megatron-core's CUDA calls emulated on the CPU "
                                      "(relax/trainers/megatron/cpu_shim.py): a test of the code path, not a way to train")
             if not runs_megatron(cfg, role):
-                plan["notes"].append(f"{role}: planned only; the controller starts no {role} role with Megatron yet "
-                                     "(old log-probs come from the rollout)" if role == "actor_fwd" else
-                                     f"{role}: runs its own model in one process (no Megatron group for it yet)")
+                plan["notes"].append(f"{role}: runs its own model in one process (no Megatron group for it yet)")
             lay["micro_batch_tokens"] = cfg.training.micro_batch_tokens
             problems += [f"{role}: {p}" for p in lay["problems"]]
             plan["megatron"][role] = lay

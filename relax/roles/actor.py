@@ -48,6 +48,8 @@ class ActorRole(ModelRole):
     def train_reads(cls, cfg) -> list[str]:
         kl_loss = cfg.algorithm.kl_coef > 0 and not cfg.algorithm.kl_in_reward  # else Advantages puts it in the reward
         fields = cls.fields + (["ref_log_probs"] if kl_loss else []) + r3_fields(cfg)
+        # ActorFwd: the trainer's forward, and the version it used (the row's own, unless that one was gone)
+        fields += ["old_log_probs", "old_log_probs_version"] * (cfg.algorithm.old_log_probs == "actor_fwd")
         fields += ["keep", "ds_attempts"] * cfg.algorithm.dynamic_sampling.enabled  # DAPO: marks, draws
         return fields + input_fields(cfg)  # omni media fields / the agent loss mask
 
@@ -139,9 +141,15 @@ class ActorRole(ModelRole):
         loss_tokens = 0  # the token-mean denominator: response tokens, or the loss mask's ones (agent turns)
         loss_seqs = 0  # the seq-mean denominator: rows with at least one loss token
         dropped, draws = 0, []
+        gap, gap_tokens = 0.0, 0  # ActorFwd: |trainer - engine| old log-prob per token, the mismatch it removes
+        fwd_exact = 0  # ActorFwd: rows whose old log-probs came from the version that generated them
         for mb in loader:
             with self.rec.span("train_micro_batch", step=k, rows=mb.size, fields=sorted(mb.data)):
                 data = dict(mb.data)
+                if "old_log_probs" in data:
+                    gap += sum(float((o - r).abs().sum()) for o, r in zip(data["old_log_probs"], data["rollout_log_probs"]))
+                    gap_tokens += sum(len(r) for r in data["rollout_log_probs"])
+                    fwd_exact += int((data["old_log_probs_version"] == data["weight_version"]).sum())
                 data["old_log_probs"] = data.get("old_log_probs", data["rollout_log_probs"])
                 keep = [i for i, x in enumerate(data.get("keep", [1] * mb.size)) if int(x)]  # DAPO: skip the groups
                 if len(keep) < mb.size:  # Advantages marked degenerate (their ids stay in the ledger)
@@ -188,6 +196,8 @@ class ActorRole(ModelRole):
             "loss": sum(m["loss"] for m in losses) / max(denom, 1),
             **step_metrics,
             **(dynamic_sampling_metrics(dropped, draws, cfg.rollout.group_size) if "keep" in self.fields else {}),
+            **({"old_rollout_gap_abs": gap / max(gap_tokens, 1), "old_log_probs_exact_share": fwd_exact / len(versions)}
+               if "old_log_probs" in self.fields else {}),
             **(extra or {}),
         }
         for key in ("clip_frac", "approx_kl", "kl", "logp_gap_abs", "logp_gap_kl"):

@@ -11,6 +11,7 @@ Both are one topological order over reads/writes; roles that do not depend on ea
 from __future__ import annotations
 
 from relax.roles.actor import ActorRole
+from relax.roles.actor_fwd import ActorFwdRole
 from relax.roles.advantages import AdvantagesRole
 from relax.roles.critic import CriticRole
 from relax.roles.genrm import GenRMRole
@@ -22,7 +23,7 @@ from relax.roles.teacher import TeacherRole
 # The Ray actor class of each role. The order breaks ties between independent roles (the services the
 # Advantages role waits for run in this order in the colocate loop).
 ROLES = {"rollout": RolloutRole, "reward": RewardRole, "genrm": GenRMRole, "reference": ReferenceRole,
-         "teacher": TeacherRole, "critic": CriticRole, "advantages": AdvantagesRole, "actor": ActorRole}
+         "actor_fwd": ActorFwdRole, "teacher": TeacherRole, "critic": CriticRole, "advantages": AdvantagesRole, "actor": ActorRole}
 
 
 def role_class(name: str):

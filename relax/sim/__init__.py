@@ -56,6 +56,7 @@ def devices_label(cfg: ExperimentConfig, hw) -> str:
     r = cfg.resources
     if hw.kind == "cpu":
         return f"{hw.name} (CPU)"
-    pools = [r.actor.gpus, r.rollout.gpus, r.reference.gpus if cfg.algorithm.kl_coef > 0 else 0, r.actor_fwd.gpus]
+    pools = [r.actor.gpus, r.rollout.gpus, r.reference.gpus if cfg.algorithm.kl_coef > 0 else 0,
+             r.actor_fwd.gpus if cfg.algorithm.old_log_probs == "actor_fwd" else 0]
     n = max(pools) if cfg.mode == "colocate" else sum(pools)
     return f"{n:g}x {hw.name}"

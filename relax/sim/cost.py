@@ -76,7 +76,7 @@ class CostModel:
         if self.hw.kind == "gpu":
             return float(r.gpus)
         # cpu: a measured profile prices one role's whole core share (`relax profile` times it at the config's threads)
-        return 1.0 if (r.cpus > 0 or role != "actor_fwd") else 0.0
+        return 1.0 if (role != "actor_fwd" or self.cfg.algorithm.old_log_probs == "actor_fwd") else 0.0
 
     def role_devices(self, role: str) -> float:
         n = self.devices.get(role, 0.0)

@@ -136,8 +136,7 @@ class Simulation:
         self.versions = Versions(self.env)
         self.gate = SimGate(self.env, cfg.max_staleness)
         self.has_ref = cfg.algorithm.kl_coef > 0
-        r = cfg.resources.actor_fwd
-        self.has_fwd = (r.cpus > 0 or r.gpus > 0) and cfg.schedule == "relax"
+        self.has_fwd = cfg.algorithm.old_log_probs == "actor_fwd" and cfg.schedule == "relax"
         self.loaded = [0] * cfg.rollout.replicas  # weight version each replica holds
         self.next_group = [0] * self.steps  # the GroupQueue: next group of each partition never handed out
         hw = cost.hw

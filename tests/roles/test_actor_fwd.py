@@ -1,0 +1,58 @@
+"""ActorFwd (algorithm.old_log_probs: actor_fwd): the trainer's forward recomputes old log-probs on its own
+service, at the weight version that generated each row."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from relax.config import load_config
+from relax.controller import run_experiment
+from relax.roles.registry import role_order
+
+ROOT = Path(__file__).resolve().parents[2]
+SMALL = ["steps=2", "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.chunk_groups=2",
+         "warmup.steps=40", "task.eval_size=8", "model.hidden_size=64", "model.intermediate_size=128",
+         "algorithm.old_log_probs=actor_fwd", "rollout.dtype=bfloat16"]
+
+
+def test_actor_fwd_runs_between_rollout_and_actor_and_only_when_asked():
+    cfg = load_config(ROOT / "experiments/async/cpu.yaml", ["algorithm.old_log_probs=actor_fwd"])
+    order = role_order(cfg)
+    assert order.index("rollout") < order.index("actor_fwd") < order.index("actor")
+    assert "actor_fwd" not in role_order(load_config(ROOT / "experiments/async/cpu.yaml"))
+
+
+def test_emulated_schedules_refuse_actor_fwd():
+    with pytest.raises(ValueError, match="algorithm.old_log_probs"):
+        load_config(ROOT / "experiments/async/cpu.yaml", ["algorithm.old_log_probs=actor_fwd", "schedule=verl"])
+
+
+def _run(tmp_path, *overrides):
+    cfg = load_config(ROOT / "experiments/async/cpu.yaml", [*SMALL, *overrides])
+    run_dir, summary = run_experiment(cfg, out=tmp_path, progress=False)
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    trace = json.loads((run_dir / "trace.json").read_text())
+    lanes = {e["args"]["name"] for e in trace["traceEvents"] if e["ph"] == "M"}
+    assert summary["samples_lost"] == 0 and summary["samples_duplicated"] == 0 and summary["samples_trained"] == 32
+    return rows, lanes
+
+
+@pytest.mark.slow
+def test_colocate_ratio_is_one_with_the_trainers_old_log_probs(tmp_path):
+    # On-policy, one optimizer step per partition: the trainer's own forward gives ratio 1 on every token,
+    # while the bf16 engine's log-probs differ from the trainer's (the mismatch ActorFwd takes out of the ratio).
+    rows, lanes = _run(tmp_path, "mode=colocate", "max_staleness=0")
+    assert "actor_fwd" in lanes
+    for r in rows:
+        assert r["old_log_probs_exact_share"] == 1.0
+        assert r["clip_frac"] == 0.0 and abs(r["approx_kl"]) < 1e-6
+        assert r["old_rollout_gap_abs"] > 1e-3
+
+
+@pytest.mark.slow
+def test_async_actor_fwd_uses_each_rows_generating_version(tmp_path):
+    rows, lanes = _run(tmp_path, "max_staleness=1")
+    assert "actor_fwd" in lanes
+    assert all(r["old_log_probs_exact_share"] == 1.0 for r in rows)
+    assert max(r["staleness_max"] for r in rows) <= 1
