@@ -20,6 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from relax.bus import Bus
 from relax.config import ExperimentConfig, dump_config
+from relax.metrics.gpu import hardware_description
 from relax.metrics.telemetry import Telemetry, busy_seconds, chrome_trace
 from relax.models.warmup import warmup_state
 from relax.schedules import get_schedule, is_emulated, role_names
@@ -133,7 +134,7 @@ class Controller:
             "backends": getattr(getattr(self, "supervisor", None), "backends", {}),  # what ran each role
             "environment": {"cpus": os.cpu_count(), "torch": torch.__version__, "ray": ray.__version__,
                             "python": platform.python_version(), "machine": platform.machine(),
-                            "hardware": f"{os.cpu_count()}-core CPU, no GPU"},
+                            "hardware": hardware_description()},
         }
         if self.colocate_extra:
             summary["sleep_wake_s_mean"] = round(

@@ -113,3 +113,29 @@ def process_metrics(pid: int | None = None) -> dict:
             pass
         out["gpu_mem_mb"] = used
     return out
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo on Linux; platform.processor() elsewhere)."""
+    import platform
+
+    try:
+        for line in open("/proc/cpuinfo", encoding="utf-8", errors="replace"):
+            if line.lower().startswith(("model name", "hardware", "cpu model")):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def hardware_description(emulated: str | None = None) -> str:
+    """What ran (summary.json `environment.hardware`): the GPUs NVML sees (count x model), else the CPU;
+    `emulated`: the hardware an emulated run stands in for, said beside what really ran."""
+    try:
+        gpus = gpu_stats()
+    except Exception:  # noqa: BLE001 - a failing NVML means: describe the CPU
+        gpus = []
+    names = sorted({g["name"] for g in gpus})
+    real = (f"{len(gpus)}x {', '.join(names)}" if gpus else
+            f"{os.cpu_count()}-core CPU ({cpu_model()}), no GPU")
+    return f"EMULATED {emulated} on {real}" if emulated else real

@@ -1,5 +1,6 @@
 """Device metrics: psutil figures on CPU, NVML figures (here from a fake pynvml) when GPUs answer."""
 
+import os
 import sys
 import types
 
@@ -23,6 +24,9 @@ def test_cpu_fallback_without_nvml(monkeypatch):
     assert 0 < m["mem_used_mb"] <= m["mem_total_mb"]
     p = gpu.process_metrics()
     assert p["rss_mb"] > 10 and "gpu_mem_mb" not in p
+    # summary.json's environment.hardware: the CPU that ran, and an emulation says what it stands in for
+    assert gpu.hardware_description().startswith(f"{os.cpu_count()}-core CPU (") and "no GPU" in gpu.hardware_description()
+    assert gpu.hardware_description("16x H800").startswith("EMULATED 16x H800 on ")
 
 
 def test_nvml_figures_per_device(monkeypatch):
@@ -37,7 +41,7 @@ def test_nvml_figures_per_device(monkeypatch):
     m = gpu.device_metrics()
     assert m["device"] == "gpu" and m["gpu_count"] == 2 and m["gpus"][1]["name"] == "NVIDIA H800"
     assert m["gpu_util_pct_mean"] == 50.0 and m["gpu_mem_used_mb"] == 3 * 1024 and m["gpu_power_w"] == 601.0
-    import os
+    assert gpu.hardware_description() == "2x NVIDIA H800"
     monkeypatch.setattr(fake, "nvmlDeviceGetComputeRunningProcesses",
                         lambda h: [types.SimpleNamespace(pid=os.getpid(), usedGpuMemory=512 * 2**20)])
     assert gpu.process_metrics()["gpu_mem_mb"] == {0: 512.0, 1: 512.0}
