@@ -163,8 +163,11 @@ class RolloutConfig(Strict):
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
     dtype: Literal["float32", "bfloat16"] = "float32"
-    # Groups generated per engine call; smaller chunks stream to downstream roles sooner.
+    # Groups generated per engine call (and claimed at a time by a replica); smaller chunks reach the bus sooner.
     chunk_groups: int = Field(2, ge=1)
+    # Request-level streaming: up to this many samples in flight per replica (torch: continuous batching;
+    # torch_http/sglang: concurrent requests), each group on the bus when its last sample ends. None: chunked.
+    max_inflight: int | None = Field(None, ge=1)
 
 
 class ParallelConfig(Strict):
@@ -377,6 +380,15 @@ class ExperimentConfig(Strict):
         if self.algorithm.kl_in_reward and (self.algorithm.kl_coef == 0 or self.schedule != "relax"):
             # The emulated schedules run the reference inside their trainer, after Advantages has already run.
             raise ValueError("algorithm.kl_in_reward needs algorithm.kl_coef > 0 and schedule 'relax'")
+        if self.rollout.max_inflight is not None:
+            limits = {"algorithm.dynamic_sampling.enabled": self.algorithm.dynamic_sampling.enabled,
+                      "moe.r3": self.moe.r3, "task.kind": self.task.kind != "text",
+                      "schedule": self.schedule != "relax"}
+            bad = [name for name, on in limits.items() if on]
+            if bad:
+                raise ValueError(f"rollout.max_inflight: request-level streaming runs text tasks under schedule relax "
+                                 f"without DAPO redraws or R3 capture (set: {', '.join(bad)}); unset it for chunked "
+                                 "generation")
         if self.algorithm.old_log_probs == "actor_fwd" and self.schedule != "relax":
             # Their trainers recompute old log-probs themselves, as veRL and OpenRLHF do.
             raise ValueError(f"algorithm.old_log_probs: 'actor_fwd' is a service of schedule 'relax'; the {self.schedule} "

@@ -30,6 +30,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor, as_completed
 
 import numpy as np
 
@@ -190,6 +192,20 @@ class RemoteEngine:
                 g.extras["routed_experts"] = np.ascontiguousarray(g.extras["routed_experts"])
             g.extras.pop("text", None)
         return gens
+
+    def generate_stream(self, prompts: list[list[int]], max_new_tokens: int | list[int],
+                        max_inflight: int) -> Iterator[tuple[int, Generation]]:
+        """Request-level streaming: up to `max_inflight` one-prompt requests in flight at once (the server
+        batches them continuously); yields (prompt index, Generation) as each reply arrives."""
+        limits = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
+        with ThreadPoolExecutor(max_workers=max(1, min(max_inflight, len(prompts)))) as pool:
+            futures = {pool.submit(self.generate, [p], n): i for i, (p, n) in enumerate(zip(prompts, limits))}
+            try:
+                for fut in as_completed(futures):
+                    yield futures[fut], fut.result()[0]
+            finally:
+                for fut in futures:
+                    fut.cancel()
 
     # --- weights ---------------------------------------------------------------------------------------------
     def update_weights(self, state: dict, version: int) -> None:

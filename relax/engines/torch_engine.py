@@ -13,9 +13,12 @@ of every token fed to the model, uint8 [prompt_len + completion_len - 1, moe_lay
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
+
+from relax.engines.continuous import continuous_generate
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -27,6 +30,13 @@ class Generation:
     finish_reason: str  # "stop" (EOS) | "length" (max_new_tokens)
     weight_version: int
     extras: dict = field(default_factory=dict)
+
+
+def _limits(max_new_tokens: int | list[int], n: int) -> list[int]:
+    limits = [max_new_tokens] * n if isinstance(max_new_tokens, int) else list(max_new_tokens)
+    if len(limits) != n or min(limits, default=1) < 1:
+        raise ValueError(f"max_new_tokens: one limit >= 1 or one per prompt ({n}), got {max_new_tokens!r}")
+    return limits
 
 
 def sample_tokens(logits: torch.Tensor, temperature: float, top_p: float, gen: torch.Generator):
@@ -115,7 +125,9 @@ class TorchEngine:
 
     # --- generation -------------------------------------------------------------------------------------
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], max_new_tokens: int) -> list[Generation]:
+    def generate(self, prompts: list[list[int]], max_new_tokens: int | list[int]) -> list[Generation]:
+        """One batch, decoded until its longest row ends (a finished row decodes pads meanwhile).
+        `max_new_tokens`: one limit, or one per prompt."""
         with self._lock:
             if self.asleep:
                 raise RuntimeError("engine is asleep: wake() it with weights before generating")
@@ -125,7 +137,24 @@ class TorchEngine:
                 if self.capture is not None:
                     self.capture.stop()
 
+    def generate_stream(self, prompts: list[list[int]], max_new_tokens: int | list[int],
+                        max_inflight: int) -> Iterator[tuple[int, Generation]]:
+        """Continuous batching (relax/engines/continuous.py): yields (prompt index, Generation) as each request
+        finishes, at most `max_inflight` decoding at once. Holds the engine (no weight update) until exhausted."""
+        if self.capture is not None:
+            raise RuntimeError("continuous batching does not record routing (moe.r3): use chunked generate")
+        limits = _limits(max_new_tokens, len(prompts))
+        with self._lock, torch.no_grad():
+            if self.asleep:
+                raise RuntimeError("engine is asleep: wake() it with weights before generating")
+            for i, toks, lps, stopped in continuous_generate(
+                    self.model, prompts, limits, max_inflight, self.tokenizer.pad_token_id, self.tokenizer.eos_token_id,
+                    lambda logits: sample_tokens(logits, self.temperature, self.top_p, self.gen), self._running.wait):
+                yield i, Generation(toks, lps, "stop" if stopped else "length", self.version)
+
     def _generate(self, prompts, max_new_tokens):
+        limits = torch.tensor(_limits(max_new_tokens, len(prompts)))
+        max_new_tokens = int(limits.max())
         B = len(prompts)
         L = max(len(p) for p in prompts)
         pad = self.tokenizer.pad_token_id
@@ -156,7 +185,7 @@ class TorchEngine:
             tok = torch.where(done, torch.full_like(tok, pad), tok)
             out_tok[:, t] = tok
             out_lp[:, t] = torch.where(done, torch.zeros_like(lp), lp)
-            newly = (~done) & (tok == eos)
+            newly = (~done) & ((tok == eos) | (limits == t + 1))
             lengths[newly] = t + 1
             done |= newly
             if bool(done.all()):
@@ -168,7 +197,7 @@ class TorchEngine:
         gens = []
         for i in range(B):
             n = int(lengths[i])
-            stopped = n < max_new_tokens or bool(out_tok[i, n - 1] == eos)
+            stopped = bool(out_tok[i, n - 1] == eos)
             gens.append(Generation(out_tok[i, :n].tolist(), out_lp[i, :n].tolist(),
                                    "stop" if stopped else "length", self.version))
             if routes is not None:

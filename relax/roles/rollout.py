@@ -154,9 +154,12 @@ class RolloutRole(ModelRole):
                 groups = [g for g in groups if j * self.cfg.rollout.prompts_per_step + g not in landed]
         self.sync_weights(block=False)
         if groups:
-            with self.rec.span("generate", step=j, groups=len(groups), replica=self.replica):
-                rows = self._rows(j, groups)
-                ray.get(self.queue.putting.remote(claim["cid"]))
+            putting = []
+
+            def put(rows):
+                if not putting:  # from here on a crash may leave some of the claim's groups on the bus
+                    ray.get(self.queue.putting.remote(claim["cid"]))
+                    putting.append(True)
                 try:
                     self.bus.put_rows(j, rows)
                 except PartitionTrained:
@@ -164,6 +167,12 @@ class RolloutRole(ModelRole):
                     # a partition that lacks these groups): these rows would be duplicates; drop them.
                     if not claim["maybe_put"]:
                         raise
+
+            with self.rec.span("generate", step=j, groups=len(groups), replica=self.replica):
+                if self.cfg.rollout.max_inflight:
+                    self._stream_groups(j, groups, put)  # each group lands as its last sample ends
+                else:
+                    put(self._rows(j, groups))
         ray.get(self.queue.finish.remote(claim["cid"], len(groups)))
 
     def generate_partition(self, k: int) -> dict:
@@ -173,6 +182,11 @@ class RolloutRole(ModelRole):
         with self.rec.span("weight_sync", step=k):
             sync_s = self.sync_weights(min_version=k - self.cfg.max_staleness)
         P = r.prompts_per_step
+        if r.max_inflight:
+            with self.rec.span("generate", step=k, groups=P):
+                self._stream_groups(k, range(P), lambda rows: self.bus.put_rows(k, rows))
+            self.rec.flush()
+            return {"weight_sync_s": sync_s, "version": self.version}
         for lo in range(0, P, r.chunk_groups):
             groups = range(lo, min(P, lo + r.chunk_groups))
             with self.rec.span("generate", step=k, groups=len(groups)):
@@ -221,8 +235,15 @@ class RolloutRole(ModelRole):
             lambda idxs: self.engine.generate([encode(i) for i in idxs], r.max_new_tokens),
             score if refill else (lambda idx, gen: 0.0), G, ds.max_batches if refill else 1)
         prompt_idx = [drawn[g].prompt for g in groups for _ in range(G)]
-        prompts = [encode(i) for i in prompt_idx]
         gens = [o for g in groups for o in drawn[g].outputs]
+        attempts = [drawn[g].attempts for g in groups for _ in range(G)] if ds.enabled else None
+        return self._text_rows(k, groups, prompt_idx, [encode(i) for i in prompt_idx], gens, attempts)
+
+    def _text_rows(self, k: int, groups: list[int], prompt_idx: list[int], prompts: list[list[int]], gens,
+                   attempts: list[int] | None = None) -> dict:
+        """The bus rows of whole groups of partition k: G generations per group, in group order."""
+        r = self.cfg.rollout
+        G = r.group_size
         sample_ids = [(k * r.prompts_per_step + g) * G + j for g in groups for j in range(G)]
         resp = [torch.tensor(g.token_ids, dtype=torch.long) for g in gens]
         rows = {
@@ -236,13 +257,31 @@ class RolloutRole(ModelRole):
             "truncated": torch.tensor([int(g.finish_reason == "length") for g in gens]),
             "total_len": torch.tensor([len(p) + len(x) for p, x in zip(prompts, resp)]),
         }
-        if ds.enabled:  # draws this row's group took (1: no redraw); the Actor reports the redraws per step
-            rows["ds_attempts"] = torch.tensor([drawn[g].attempts for g in groups for _ in range(G)])
+        if attempts is not None:  # DAPO: draws this row's group took (1: no redraw); the Actor reports redraws
+            rows["ds_attempts"] = torch.tensor(attempts)
         if self.cfg.moe.r3:  # R3: each token's experts, uint8 (relax/moe/fields.py)
             rows.update(routing_fields([g.extras["routed_experts"] for g in gens], [len(p) for p in prompts],
                                        [len(x) for x in resp], self.engine.capture.num_experts,
                                        with_prompt=self.cfg.moe.r3_prompt))
         return rows
+
+    def _stream_groups(self, k: int, groups, put) -> None:
+        """Request-level streaming (rollout.max_inflight): every sample of these groups is one request, at most
+        max_inflight in flight; `put(rows)` gets each group's rows the moment its last sample finishes."""
+        r = self.cfg.rollout
+        G = r.group_size
+        groups = list(groups)
+        prompt_idx = [self._prompt(k, g, 0) for g in groups]
+        prompts = [self.tokenizer.encode(self.data[i].prompt) for i in prompt_idx]
+        done: dict[int, dict[int, object]] = {g: {} for g in groups}
+        requests = [prompts[a] for a in range(len(groups)) for _ in range(G)]
+        for i, gen in self.engine.generate_stream(requests, r.max_new_tokens, r.max_inflight):
+            a, j = divmod(i, G)
+            done[groups[a]][j] = gen
+            if len(done[groups[a]]) == G:
+                gens = [done[groups[a]][j] for j in range(G)]
+                with self.rec.span("group_done", step=k, group=groups[a]):
+                    put(self._text_rows(k, [groups[a]], [prompt_idx[a]] * G, [prompts[a]] * G, gens))
 
     # --- colocated mode: the engine's weights are released while training holds the cores -----------
     def sleep(self) -> dict:
