@@ -55,3 +55,9 @@ class Receiver:
 def receiver():
     with Receiver() as r:
         yield r
+
+
+@pytest.fixture(scope="module")
+def module_receiver():
+    with Receiver() as r:
+        yield r
