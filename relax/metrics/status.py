@@ -51,10 +51,12 @@ def last_view(row: dict) -> dict:
 
 def make_status(folder: RunFolder, cfg_view: dict, state: str, steps_done: int, rows: list[dict],
                 elapsed_s: float | None, busy_share: dict, events: list[dict], faults: list[dict],
-                scale_operations: list[dict], alerts: dict | None, error: str | None = None) -> dict:
+                scale_operations: list[dict], alerts: dict | None, error: str | None = None,
+                updated_at: float | None = None) -> dict:
     return finite({
         "run": folder.name, "experiment": cfg_view.get("name", folder.experiment), "profile": folder.profile,
-        "mode": cfg_view.get("mode"), "state": state, "error": error, "updated_at": time.time(),
+        "mode": cfg_view.get("mode"), "state": state, "error": error,
+        "updated_at": time.time() if updated_at is None else updated_at,
         "elapsed_s": None if elapsed_s is None else round(elapsed_s, 2),
         "steps_done": steps_done, "steps_total": cfg_view.get("steps"),
         "reward": [[r["step"], r.get("reward_mean")] for r in rows],
@@ -84,7 +86,8 @@ def read_status(run_dir: str | Path) -> dict:
                                 "steps": cfg.get("steps", summary.get("steps"))},
                        "finished" if live is None else live.get("state", "finished"), summary.get("steps", len(rows)),
                        rows, train_s, summary.get("busy_share", {}), rec.get("events", []), rec.get("faults", []),
-                       rec.get("scale_operations", []), (live or {}).get("alerts"), (live or {}).get("error"))
+                       rec.get("scale_operations", []), (live or {}).get("alerts"), (live or {}).get("error"),
+                       updated_at=(folder / "summary.json").stat().st_mtime)
 
 
 def view_url(run_dir: str | Path) -> str | None:
