@@ -21,6 +21,7 @@ from pathlib import Path
 from relax.run_folder import RunFolder
 
 RECENT = 20  # recoveries / faults / scale operations / alert changes kept in the status
+STALE_S = 30  # a live status older than this is shown as possibly dead (the controller polls ~3 times a second)
 LAST_FIELDS = ("reward_mean", "loss", "grad_norm", "tokens", "step_time_s", "staleness_max", "trainer_wait_s",
                "weight_sync_s")
 
@@ -113,7 +114,11 @@ def render(status: dict):
     head.add_column("field", style="bold")
     head.add_column("value")
     done, total = s.get("steps_done", 0), s.get("steps_total")
-    head.add_row("state", s["state"] + (f" ({s['error']})" if s.get("error") else ""))
+    state = s["state"] + (f" ({s['error']})" if s.get("error") else "")
+    age = time.time() - (s.get("updated_at") or 0)
+    if s["state"] == "running" and age > STALE_S:  # the controller rewrites it every second while steps run
+        state += f" (no update for {age:.0f} s: the driver may have died)"
+    head.add_row("state", state)
     head.add_row("mode", str(s.get("mode")))
     head.add_row("progress", f"{done} / {total} steps" + (f" ({100 * done / total:.0f}%)" if total else ""))
     if s.get("elapsed_s") is not None:

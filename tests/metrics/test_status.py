@@ -60,6 +60,9 @@ def test_a_live_run_is_read_from_status_json(tmp_path, capsys):
     assert "running" in out and "2 / 8 steps (25%)" in out and "90.0%" in out
     assert "non-finite loss=nan at step 1" in out and "process died" in out
     assert "live view: http://127.0.0.1:5555/view#token=tok" in out
+    folder.write_status({**s, "updated_at": s["updated_at"] - 3600})  # its driver stopped writing an hour ago
+    assert main(["status", str(folder.path)]) == 0
+    assert "no update for 36" in capsys.readouterr().out
 
 
 def test_not_a_run_folder_is_a_clear_error(tmp_path, capsys):
