@@ -68,3 +68,21 @@ def test_a_live_run_is_read_from_status_json(tmp_path, capsys):
 def test_not_a_run_folder_is_a_clear_error(tmp_path, capsys):
     assert main(["status", str(tmp_path)]) == 2
     assert "no status.json nor summary.json" in capsys.readouterr().err
+
+
+def test_a_run_that_fails_leaves_a_failed_status_and_its_own_error(tmp_path, monkeypatch):
+    import pytest
+
+    import relax.controller as controller
+    from relax.config import load_config
+
+    def broken(cfg, progress=True):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(controller, "warmup_state", broken)
+    folder = RunFolder.create(tmp_path, "async", "cpu", "r")
+    cfg = load_config(ROOT / "experiments/async/cpu.yaml")
+    with pytest.raises(OSError, match="disk full"):  # the run's own error, not a status-writing one
+        controller.Controller(cfg, folder.path, progress=False).run()
+    s = read_status(folder.path)
+    assert s["state"] == "failed" and s["error"] == "OSError: disk full" and s["steps_done"] == 0
