@@ -374,7 +374,7 @@ class AlertsConfig(Strict):
     urls: list[str] = Field(default_factory=list)  # Apprise URLs (json://, mailto://, slack://, ...), each gets every message
     webhook: str | None = None  # a plain JSON POST per message to this http(s) URL
     min_interval_s: float = Field(60.0, ge=0)  # per rule: messages closer than this are held and coalesced
-    timeout_s: float = Field(5.0, gt=0)  # per delivery attempt (it runs off the training path)
+    timeout_s: float = Field(5.0, gt=0)  # per webhook POST (Apprise URLs take their own cto=/rto= parameters)
     rules: AlertRules = Field(default_factory=AlertRules)
 
     @model_validator(mode="after")
