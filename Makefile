@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # CPU wheel on local disk; an unpinned torch would pull a multi-GB CUDA build.
 TORCH := torch==2.13.0
 
-.PHONY: install test test-fast reproduce-fig figures clean-results gpu-wheels
+.PHONY: install test test-fast reproduce-fig figures clean-results gpu-wheels browser
 
 install: $(STAMP)
 
@@ -31,6 +31,13 @@ test: install
 # The inner loop: every test not marked slow (each under 30 s; the whole set under 3 minutes on 2 cores).
 test-fast: install
 	@$(BIN)/python -m pytest -q --timeout=300 -m "not slow" --durations=10 tests; $(PYTEST_RC)
+
+# Debian's chromium for the live view's browser tests (tests/api/test_view.py, tests/metrics/test_ops_live.py skip
+# without it), then those tests.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+browser: install
+	@test -x /usr/bin/chromium || { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q chromium; }
+	@$(BIN)/python -m pytest -q --timeout=900 tests/api/test_view.py tests/metrics/test_ops_live.py; $(PYTEST_RC)
 
 # Every CPU-scale experiment (7 runs, progress shown), then every figure and table in results/.
 reproduce-fig: install

@@ -91,6 +91,44 @@ def cmd_evaluate(args) -> int:
     return 0
 
 
+def cmd_status(args) -> int:
+    """A run's progress, reward curve, utilisation, recoveries, scale operations and alerts (relax/metrics/status.py):
+    from status.json while it goes on, from its result files once it ended."""
+    import time
+
+    from rich.console import Console
+    from rich.live import Live
+
+    from relax.metrics.status import read_status, render, view_url
+
+    def load():
+        try:
+            return read_status(args.run_dir)
+        except (FileNotFoundError, ValueError) as err:  # ValueError: a file that is not JSON
+            print(f"relax status: {err}", file=sys.stderr)
+            return None
+
+    status = load()
+    if status is None:
+        return 2
+    if args.json:
+        print(json.dumps(status, indent=2))
+        return 0
+    console = Console()
+    url = view_url(args.run_dir) if status["state"] in ("starting", "running") else None
+    if args.watch is None:
+        console.print(render(status))
+        if url:
+            console.print(f"live view: {url}")
+        return 0
+    with Live(render(status), console=console, refresh_per_second=4) as live:
+        while status["state"] in ("starting", "running"):
+            time.sleep(args.watch)
+            status = load() or status
+            live.update(render(status))
+    return 0
+
+
 def add_harness_commands(sub) -> None:
     """The sub-commands other packages register under the `relax.commands` entry point group (one per name:
     the first installation found on the path wins, as for an import)."""
@@ -155,6 +193,12 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--eval-size", type=int, default=None, help="eval prompts (default: the run's task.eval_size)")
     ev.add_argument("--threads", type=int, default=1)
     ev.set_defaults(func=cmd_evaluate)
+
+    st = sub.add_parser("status", help="a run's progress, rewards, utilisation, recoveries and alerts, live or finished")
+    st.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    st.add_argument("--json", action="store_true", help="the status as JSON (the API's /status)")
+    st.add_argument("--watch", type=float, metavar="SECONDS", help="redraw every SECONDS until the run ends")
+    st.set_defaults(func=cmd_status)
 
     add_harness_commands(sub)
     return p

@@ -310,6 +310,86 @@ class FaultSpec(Strict):
     duty: float = Field(0.25, gt=0, lt=1)
 
 
+class RewardCollapseRule(Strict):
+    """reward_mean below `fraction` of its running max (once that max is above 0) for `steps` steps in a row."""
+
+    fraction: float = Field(0.5, gt=0, lt=1)
+    steps: int = Field(3, ge=1)
+
+
+class NonFiniteRule(Strict):
+    """NaN or inf in the step's loss or grad_norm (fires at once; resolves on the next finite step)."""
+
+    fields: list[str] = Field(default_factory=lambda: ["loss", "grad_norm"])  # step metrics checked
+
+
+class ThroughputRule(Strict):
+    """Tokens per second of a step below `fraction` of the running median of the last `window` steps, for
+    `steps` steps in a row (step 0, the pipeline fill, is not counted)."""
+
+    fraction: float = Field(0.5, gt=0, lt=1)
+    window: int = Field(20, ge=2)  # steps in the running median
+    min_steps: int = Field(3, ge=1)  # steps in the window before the rule judges
+    steps: int = Field(2, ge=1)
+
+
+class RestartRule(Strict):
+    """A role (a rollout replica counts on its own) restarted more than `max` times within the last `window`
+    steps; it resolves once the window has moved past enough of them."""
+
+    max: int = Field(2, ge=0)
+    window: int = Field(50, ge=1)  # steps
+
+
+class StalenessRule(Strict):
+    """staleness_max at the max_staleness bound for `steps` steps in a row (off when max_staleness is 0)."""
+
+    steps: int = Field(5, ge=1)
+
+
+class DataWaitRule(Strict):
+    """The Actor waited for data (trainer_wait_s) more than `share` of the step time, `steps` steps in a row
+    (step 0 not counted)."""
+
+    share: float = Field(0.5, gt=0, lt=1)
+    steps: int = Field(3, ge=1)
+
+
+class HeartbeatRule(Strict):
+    """A role missed its heartbeats (health.heartbeat_timeout_s) and was killed; resolves after `steps` more
+    steps train without another miss."""
+
+    steps: int = Field(1, ge=1)
+
+
+class AlertRules(Strict):
+    """Which alert rules run (a rule left out, or null, is off) and their thresholds (relax/metrics/alerts.py)."""
+
+    reward_collapse: RewardCollapseRule | None = None  # the reward fell far below its best
+    non_finite: NonFiniteRule | None = None  # NaN / inf in the loss or gradient norm
+    throughput: ThroughputRule | None = None  # tokens/s far below its running median
+    restarts: RestartRule | None = None  # a role restarted too often
+    staleness: StalenessRule | None = None  # the staleness gate is at its bound step after step
+    data_wait: DataWaitRule | None = None  # the trainer starves for data
+    heartbeat: HeartbeatRule | None = None  # a role stopped heartbeating
+
+
+class AlertsConfig(Strict):
+    """Real-time alerts (relax/metrics/alerts.py): one message when a rule fires, one when it resolves."""
+
+    urls: list[str] = Field(default_factory=list)  # Apprise URLs (json://, mailto://, slack://, ...), each gets every message
+    webhook: str | None = None  # a plain JSON POST per message to this http(s) URL
+    min_interval_s: float = Field(60.0, ge=0)  # per rule: messages closer than this are held and coalesced
+    timeout_s: float = Field(5.0, gt=0)  # per webhook POST (Apprise URLs take their own cto=/rto= parameters)
+    rules: AlertRules = Field(default_factory=AlertRules)
+
+    @model_validator(mode="after")
+    def _check(self) -> "AlertsConfig":
+        if self.webhook is not None and not self.webhook.startswith(("http://", "https://")):
+            raise ValueError(f"alerts.webhook: {self.webhook!r} is not an http(s) URL")
+        return self
+
+
 class MoEConfig(Strict):
     """Mixture-of-experts options (relax/moe/)."""
 
@@ -349,6 +429,7 @@ class ExperimentConfig(Strict):
     health: HealthConfig = Field(default_factory=HealthConfig)
     faults: list[FaultSpec] = Field(default_factory=list)
     max_global_restart: int = Field(1, ge=0)  # Tier 2 (global) restarts allowed in one run
+    alerts: AlertsConfig = Field(default_factory=AlertsConfig)  # alert rules and where messages go
 
     @model_validator(mode="before")
     @classmethod

@@ -20,7 +20,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from relax.bus import Bus
 from relax.config import ExperimentConfig, dump_config
+from relax.metrics.alerts import AlertSink
 from relax.metrics.gpu import hardware_description
+from relax.metrics.sinks import Reporter
+from relax.metrics.status import make_status
 from relax.metrics.telemetry import Telemetry, busy_seconds, chrome_trace
 from relax.models.warmup import warmup_state
 from relax.schedules import get_schedule, is_emulated, role_names
@@ -63,6 +66,16 @@ class Controller:
         self.records: dict[int, dict] = {}
         self.colocate_extra: dict[int, dict] = {}
         self.memory = MemoryMeter()
+        # Sinks fed live from poll (relax/metrics/sinks.py): the alert rules (relax/metrics/alerts.py).
+        self.alerts = AlertSink(cfg.alerts, cfg.max_staleness, run=f"{cfg.name}/{self.folder.name}")
+        self.reporter = Reporter({"alerts": self.alerts})
+        self.t_start: float | None = None  # the first step's start (set when the schedule starts)
+        self._reported = 0  # supervisor events already handed to the reporter
+        self._faults_reported = 0
+        self.t_end: float | None = None  # the last step's end (set when the schedule returns)
+        self.rows: dict[int, dict] = {}  # step -> its numeric metrics, as the sinks got them
+        self._spans: list[dict] = []  # spans fetched so far (live busy shares)
+        self._status_at = 0.0
 
     # --- set-up ------------------------------------------------------------------------------------------
     def start_roles(self, initial_state) -> None:
@@ -84,6 +97,53 @@ class Controller:
             if k not in self.records:
                 self.records[k] = steps[k]
                 bar.update(self.task_id, advance=1, reward=steps[k]["reward_mean"])
+                self.rows[k] = self.live_row(k)
+                self.reporter.step(k, self.rows[k])
+        sup = getattr(self, "supervisor", None)
+        if sup is not None:
+            for ev in sup.events[self._reported:]:  # recoveries and missed heartbeats, as they happen
+                self.reporter.event(ev.get("kind", "recovery"), ev)
+            self._reported = len(sup.events)
+            for f in sup.injector.fired[self._faults_reported:]:
+                self.reporter.event("fault", f)
+            self._faults_reported = len(sup.injector.fired)
+        if time.time() - self._status_at >= 1.0:
+            self.write_status("running")
+
+    def live_row(self, k: int) -> dict:
+        """Step k's numeric metrics as metrics.jsonl will name them (step_time_s from the previous step's end)."""
+        rec = self.records[k]
+        ends = [r["end_time"] for j, r in self.records.items() if j < k]
+        prev = max(ends) if ends else (self.t_start or rec["end_time"])
+        row = {key: v for key, v in rec.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        row["step_time_s"] = rec["end_time"] - prev
+        row["wall_time_s"] = rec["end_time"] - (self.t_start or rec["end_time"])
+        row.pop("end_time", None)
+        return row
+
+    def write_status(self, state: str, error: str | None = None) -> None:
+        """status.json: what `relax status` and the API's /status and /view show while the run goes on."""
+        self._status_at = time.time()
+        sup = getattr(self, "supervisor", None)
+        if getattr(self, "telemetry", None) is not None and self.t_start is not None and self.t_end is None:
+            try:
+                new, _ = ray.get(self.telemetry.snapshot.remote(len(self._spans)), timeout=10)
+                self._spans += new
+            except Exception:  # noqa: BLE001 -- telemetry or Ray gone (a failed run): keep the spans we have
+                pass
+        end = self.t_end or time.time()
+        elapsed = None if self.t_start is None else end - self.t_start
+        busy = {}
+        if elapsed:
+            busy = {n: v / elapsed for n, v in busy_seconds(self._spans, self.t_start, end, self.names).items()}
+        rows = [{"step": k, **self.rows[k]} for k in sorted(self.rows)]
+        alerts = {"active": [vars(a) for a in self.alerts.active], "history": [vars(a) for a in self.alerts.history],
+                  "delivery_errors": self.alerts.delivery_errors}
+        scaler = getattr(sup, "scaler", None) if sup is not None and sup.api is not None else None
+        self.folder.write_status(make_status(
+            self.folder, {"name": self.cfg.name, "mode": self.cfg.mode, "steps": self.cfg.steps}, state,
+            len(self.records), rows, elapsed, busy, sup.events if sup else [], sup.injector.fired if sup else [],
+            scaler.views() if scaler else [], alerts, error))
 
     def write_metrics(self, t_start: float, spans: list[dict]) -> list[dict]:
         rows, prev_end = [], t_start
@@ -144,8 +204,21 @@ class Controller:
 
     # --- entry point -------------------------------------------------------------------------------------
     def run(self) -> dict:
+        self.folder.write_config(dump_config(self.cfg))
+        self.write_status("starting")
+        try:
+            summary = self._run()
+        except BaseException as err:
+            try:
+                self.reporter.close()
+                self.write_status("failed", f"{type(err).__name__}: {err}")
+            except Exception:  # noqa: BLE001 -- never hide the run's own error
+                log.exception("could not write the failed run's status")
+            raise
+        return summary
+
+    def _run(self) -> dict:
         cfg = self.cfg
-        self.folder.write_config(dump_config(cfg))
         state = warmup_state(cfg, progress=self.progress)
         with RaySession(num_cpus=max(8, os.cpu_count() or 2)):
             try:
@@ -155,10 +228,12 @@ class Controller:
                 with Progress(*columns, disable=not self.progress, transient=False) as bar:
                     label = cfg.mode if cfg.schedule == "relax" else f"{cfg.schedule} schedule, EMULATED"
                     self.task_id = bar.add_task(f"{cfg.name} [{label}]", total=cfg.steps, reward=0.0)
-                    t_start = time.time()
+                    t_start = self.t_start = time.time()
                     get_schedule(cfg).run(self.ctx, self.supervisor, bar)  # relax/schedules/
                     self.poll(bar)
+                    self.write_status("running")
                 spans = ray.get(self.telemetry.all_spans.remote())
+                self._spans, self.t_end = spans, max((r["end_time"] for r in self.records.values()), default=time.time())
                 final_state = self.supervisor.final_state()[1]
                 account = self.supervisor.account()  # the DCS ledger: sample ids of committed versions
                 from relax.export import save_final_weights  # `relax export RUN_DIR --to DIR` reads it
@@ -173,7 +248,10 @@ class Controller:
         # Greedy accuracy on held-out prompts, before and after RL (the warm-up start vs the trained policy).
         evals = {"eval_accuracy_start": greedy_accuracy(cfg, state), "eval_accuracy_end": greedy_accuracy(cfg, final_state),
                  "eval_reward_start": sampled_reward(cfg, state), "eval_reward_end": sampled_reward(cfg, final_state)}
-        return self.write_summary(rows, t_start, spans, account, evals)
+        summary = self.write_summary(rows, t_start, spans, account, evals)
+        self.reporter.close()  # held alert messages go out; delivery ends
+        self.write_status("finished")
+        return summary
 
 
 def run_experiment(cfg: ExperimentConfig, out: str | Path = "results", run: str | None = None,

@@ -4,8 +4,8 @@ run accepts; each failure is a `ConfigError` naming the field (the CLI exits 2 w
 
 Checked: the schedule suits the config (e.g. schedule=verl needs mode=async), the rollout engine can start
 here, the algorithm's registry names and `algorithm.params` keys, finite numbers inside free-form params,
-the task's name, params and data files (both splits), the API port, and the prompt length against the
-model's `max_position` (tiny char-level models; an hf model's limit is its own config's).
+the task's name, params and data files (both splits), the alerts' Apprise URLs, the API port, and the prompt
+length against the model's `max_position` (tiny char-level models; an hf model's limit is its own config's).
 """
 
 from __future__ import annotations
@@ -38,6 +38,12 @@ def preflight(cfg: ExperimentConfig, api_port: int | None = None) -> None:
         section, field = name.split(".")
         _finite(getattr(getattr(cfg, section), field), name)
     _check_task(cfg)
+    try:
+        from relax.metrics.alerts import check_targets
+
+        check_targets(cfg.alerts)  # each Apprise URL parses
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
     if api_port is not None:
         check_port(api_port)
 

@@ -8,6 +8,7 @@ its file names and formats. The controller writes through it; analysis, studies 
 | summary.json | controller | throughput, rewards, accounting, environment |
 | recovery.json | supervisor | faults, recoveries, DCS totals, scale operations |
 | trace.json | controller | Chrome trace: one lane per role, a span per unit of work |
+| status.json | controller | live state while the run goes on (progress, rewards, busy shares, recoveries, alerts), final at the end |
 | host_load.json | whoever timed the run | the machine's load average before and after it |
 | final_weights.safetensors | controller | the trained policy (`relax export`) |
 | checkpoints/ | Actor | optimizer state (+ weights) every `health.checkpoint_every` steps |
@@ -31,6 +32,7 @@ METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
 RECOVERY = "recovery.json"
 TRACE = "trace.json"
+STATUS = "status.json"
 HOST_LOAD = "host_load.json"
 FINAL_WEIGHTS = "final_weights.safetensors"
 CHECKPOINTS = "checkpoints"
@@ -99,6 +101,9 @@ class RunFolder:
     def write_trace(self, trace: dict) -> None:
         _write_atomic(self.path / TRACE, json.dumps(trace))
 
+    def write_status(self, status: dict) -> None:
+        _write_atomic(self.path / STATUS, json.dumps(status, default=str))
+
     def write_host_load(self, record: dict) -> None:
         _write_atomic(self.path / HOST_LOAD, json.dumps(record))
 
@@ -122,6 +127,11 @@ class RunFolder:
 
     def recovery(self) -> dict | None:
         path = self.path / RECOVERY
+        return json.loads(path.read_text()) if path.exists() else None
+
+    def status(self) -> dict | None:
+        """The controller's live status (relax/metrics/status.py), None before it wrote one."""
+        path = self.path / STATUS
         return json.loads(path.read_text()) if path.exists() else None
 
     def host_load(self) -> dict | None:

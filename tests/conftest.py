@@ -28,3 +28,29 @@ def local_ray():
 @pytest.fixture
 def tmp_results(tmp_path):
     return tmp_path / "results"
+
+
+CHROMIUM = "/usr/bin/chromium"  # Debian's package (`make browser` installs it)
+
+
+@pytest.fixture
+def chromium(tmp_path):
+    """Headless Debian chromium: `chromium(url, dump_dom=True)` returns the DOM after the page's scripts ran for
+    `budget_ms` of virtual time; `chromium(url, screenshot=path)` writes a PNG. Skips where it is not installed."""
+    import shutil
+    import subprocess
+
+    if not (shutil.which(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
+        pytest.skip(f"no {CHROMIUM} (Debian chromium; `make browser` installs it)")
+    profile = tmp_path / "chromium-profile"
+
+    def run(url: str, dump_dom: bool = False, screenshot=None, budget_ms: int = 3000, size: str = "1280,900") -> str:
+        args = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                f"--user-data-dir={profile}", f"--virtual-time-budget={budget_ms}", f"--window-size={size}"]
+        args += ["--dump-dom"] if dump_dom else [f"--screenshot={screenshot}"]
+        out = subprocess.run([*args, url], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr[-2000:]
+        return out.stdout
+
+    return run

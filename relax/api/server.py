@@ -1,8 +1,11 @@
-"""The HTTP control plane of a run (FastAPI): elastic rollout scaling, engines, health, Prometheus metrics.
+"""The HTTP control plane of a run (FastAPI): elastic rollout scaling, engines, health, Prometheus metrics,
+the run's status and its live view.
 
 Started with the run (`relax run CONFIG --api-port PORT`, port 0 picks a free one); the bearer token is
 written to `<run_dir>/api_token` (mode 0600) and the address to `<run_dir>/api.json`. Every endpoint but
-`/health` requires `Authorization: Bearer <token>` (else 401), the OpenAPI schema (`/openapi.json`) included.
+`/health` and `/view` requires `Authorization: Bearer <token>` (else 401), the OpenAPI schema (`/openapi.json`)
+included. `/view` is a static page holding no data: it reads the token from its URL fragment
+(`/view#token=...`, never sent to the server) and polls the authenticated `/status` (relax/api/view.py).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from typing import Callable
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -92,7 +95,7 @@ def _prometheus(metrics: dict) -> str:
 
 
 def create_app(manager: ScaleManager, token: str, metrics: Callable[[], dict] | None = None,
-               health: Callable[[], dict] | None = None) -> FastAPI:
+               health: Callable[[], dict] | None = None, status: Callable[[], dict | None] | None = None) -> FastAPI:
     app = FastAPI(title="Relax control API", version="1", openapi_url=None, docs_url=None, redoc_url=None,
                   description="Elastic rollout scaling and run status. Bearer token: <run_dir>/api_token.")
     bearer = HTTPBearer(auto_error=False)
@@ -172,6 +175,18 @@ def create_app(manager: ScaleManager, token: str, metrics: Callable[[], dict] | 
         m["scale_operations"] = [({"kind": k, "status": s}, n) for (k, s), n in sorted(manager.counters().items())]
         return _prometheus(m)
 
+    @api.get("/status", tags=["status"])
+    def get_status() -> dict:
+        """The run's live status (relax/metrics/status.py): progress, rewards, busy shares, recoveries, alerts."""
+        return (status() if status else None) or {"state": "starting"}
+
+    @app.get("/view", response_class=HTMLResponse, tags=["status"])
+    def get_view() -> str:
+        """The live view: a self-contained page; open it as /view#token=<api_token> (it polls /status)."""
+        from relax.api.view import PAGE
+
+        return PAGE
+
     @api.get("/openapi.json", include_in_schema=False)
     def openapi() -> JSONResponse:
         return JSONResponse(app.openapi())
@@ -214,9 +229,12 @@ class ApiServer:
 
 def start_api(run_dir: Path, manager: ScaleManager, port: int, host: str = "127.0.0.1",
               metrics: Callable[[], dict] | None = None, health: Callable[[], dict] | None = None) -> ApiServer:
-    """Token first (the app needs it), then the server, then the address it really listens on."""
+    """Token first (the app needs it), then the server, then the address it really listens on. /status serves
+    the run folder's status.json, which the controller keeps up to date."""
+    from relax.run_folder import RunFolder
+
     token = secrets.token_urlsafe(32)
-    server = ApiServer(create_app(manager, token, metrics, health), host, port)
+    server = ApiServer(create_app(manager, token, metrics, health, RunFolder(run_dir).status), host, port)
     server.start()
     path = Path(run_dir) / "api_token"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

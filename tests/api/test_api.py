@@ -78,7 +78,8 @@ def pool():
 @pytest.fixture
 def client(pool):
     manager = ScaleManager(pool, timeout_s=5, drain_timeout_s=5)
-    app = create_app(manager, TOKEN, metrics=lambda: {"weight_version": 3, "restarts": [({"role": "rollout"}, 1)]})
+    app = create_app(manager, TOKEN, metrics=lambda: {"weight_version": 3, "restarts": [({"role": "rollout"}, 1)]},
+                     status=lambda: {"state": "running", "steps_done": 2, "note": "secret-status"})
     with TestClient(app) as c:
         c.manager = manager
         yield c
@@ -98,7 +99,7 @@ def wait_status(client, kind, rid, statuses, timeout=10.0):
 PROTECTED = [("post", "/rollout/scale_out", {"num_replicas": 3}), ("get", "/rollout/scale_out/x", None),
              ("post", "/rollout/scale_out/x/cancel", None), ("post", "/rollout/scale_in", {"num_replicas": 2}),
              ("get", "/rollout/scale_in/x", None), ("get", "/rollout/engines", None), ("get", "/metrics", None),
-             ("get", "/openapi.json", None)]
+             ("get", "/openapi.json", None), ("get", "/status", None)]
 
 
 @pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {TOKEN}"}])
@@ -109,6 +110,16 @@ def test_every_endpoint_but_health_needs_the_token(client, headers):
         assert r.headers["www-authenticate"] == "Bearer"
     assert client.get("/health").status_code == 200
     assert client.get("/docs").status_code == 404  # no unauthenticated schema anywhere
+    view = client.get("/view", headers=headers)  # the live view's page holds no data: it asks /status with the token
+    assert view.status_code == 200 and view.headers["content-type"].startswith("text/html")
+    assert "secret-status" not in view.text and 'fetch("status"' in view.text
+
+
+def test_status_serves_the_runs_live_status_and_the_view_is_self_contained(client):
+    body = client.get("/status", headers=AUTH).json()
+    assert body == {"state": "running", "steps_done": 2, "note": "secret-status"}
+    page = client.get("/view").text
+    assert "<script" in page and "http://" not in page and "https://" not in page  # no external asset
 
 
 def test_openapi_schema_lists_the_api_with_bearer_auth(client):
@@ -360,7 +371,8 @@ def test_the_schema_documents_every_status_code_each_endpoint_returns(client):
             ("post", "/rollout/scale_out/{request_id}/cancel"): {200, 401, 404, 409, 422},
             ("post", "/rollout/scale_in"): {200, 400, 401, 409, 422},
             ("get", "/rollout/scale_in/{request_id}"): {200, 401, 404, 422},
-            ("get", "/rollout/engines"): {200, 401}, ("get", "/metrics"): {200, 401}, ("get", "/health"): {200}}
+            ("get", "/rollout/engines"): {200, 401}, ("get", "/metrics"): {200, 401}, ("get", "/health"): {200},
+            ("get", "/status"): {200, 401}, ("get", "/view"): {200}}
     for (method, path), codes in want.items():
         assert {int(c) for c in paths[path][method]["responses"]} == codes, (method, path)
 
