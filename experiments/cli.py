@@ -16,7 +16,10 @@ STUDIES = {
     "omni": "experiments.omni.study",  # async vs colocate on the omni task
     "recovery": "experiments.recovery.study",  # kills, DCS bench, elastic phases
 }
-BENCHES = {"dcs": "experiments.recovery.dcs_bench"}  # DCS weight sync against a raw gloo broadcast
+BENCHES = {
+    "dcs": "experiments.recovery.dcs_bench",  # DCS weight sync against a raw gloo broadcast
+    "streaming": "experiments.streaming.bench",  # continuous batching against chunked generate
+}
 
 
 def run_study(module: str, prog: str, argv: list[str]) -> int:
