@@ -168,6 +168,9 @@ class RolloutConfig(Strict):
     # Request-level streaming: up to this many samples in flight per replica (torch: continuous batching;
     # torch_http/sglang: concurrent requests), each group on the bus when its last sample ends. None: chunked.
     max_inflight: int | None = Field(None, ge=1)
+    # Partial rollout (needs max_inflight, mode async): a new weight version is loaded between decode steps and
+    # in-flight requests go on with it (pause, update, continue); rows record first and last version.
+    partial: bool = False
 
 
 class ParallelConfig(Strict):
@@ -470,6 +473,9 @@ class ExperimentConfig(Strict):
                 raise ValueError(f"rollout.max_inflight: request-level streaming runs text tasks under schedule relax "
                                  f"without DAPO redraws or R3 capture (set: {', '.join(bad)}); unset it for chunked "
                                  "generation")
+        if self.rollout.partial and (self.rollout.max_inflight is None or self.mode != "async"):
+            raise ValueError("rollout.partial: in-flight weight updates need request-level streaming "
+                             "(rollout.max_inflight) and mode 'async'")
         if self.algorithm.old_log_probs == "actor_fwd" and self.schedule != "relax":
             # Their trainers recompute old log-probs themselves, as veRL and OpenRLHF do.
             raise ValueError(f"algorithm.old_log_probs: 'actor_fwd' is a service of schedule 'relax'; the {self.schedule} "

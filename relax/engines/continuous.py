@@ -21,6 +21,8 @@ from transformers import DynamicCache
 class _Row:
     index: int  # the request's position in the caller's list
     limit: int  # its max_new_tokens
+    first_version: int = -1  # the weight version of its first token (partial rollout: versions change mid-request)
+    last_version: int = -1  # ... and of its last
     tokens: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
 
@@ -90,11 +92,13 @@ class ContinuousBatch:
 def continuous_generate(model, prompts: list[list[int]], limits: list[int], max_batch: int, pad: int, eos: int,
                         sample: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
                         wait: Callable[[], None] = lambda: None,
-                        on_step: Callable[[ContinuousBatch], None] = lambda b: None
-                        ) -> Iterator[tuple[int, list[int], list[float], bool]]:
-    """Yields (request index, tokens, log-probs, stopped at EOS) for each request as soon as it finishes,
-    with at most `max_batch` sequences decoding at once. `sample(logits [B, V]) -> (tokens, log-probs)`;
-    `wait()` is called before every forward (the engine's pause); `on_step(batch)` after each (tests)."""
+                        on_step: Callable[[ContinuousBatch], None] = lambda b: None,
+                        version: Callable[[], int] = lambda: 0) -> Iterator[_Row]:
+    """Yields each request's row (index, tokens, log_probs, first/last weight version) as soon as it
+    finishes (EOS or its limit), with at most `max_batch` sequences decoding at once.
+    `sample(logits [B, V]) -> (tokens, log-probs)`; `wait()` is called before every forward (the engine's pause,
+    and where a partial rollout loads a new version: in-flight rows go on with it, their KV cache kept);
+    `version()` is the weights' version at that moment; `on_step(batch)` after each step (tests)."""
     pending = deque(range(len(prompts)))
     batch = ContinuousBatch()
     while pending or batch:
@@ -105,9 +109,11 @@ def continuous_generate(model, prompts: list[list[int]], limits: list[int], max_
                         past_key_values=batch.cache(), use_cache=True)
             batch.take_cache(out.past_key_values)
             tok, lp = sample(out.logits[:, -1])
+            v = version()
             for r, t, x in zip(batch.rows, tok.tolist(), lp.tolist()):
                 r.tokens.append(t)
                 r.log_probs.append(x)
+                r.last_version = v
             batch.pos, batch.last = batch.pos + 1, tok
         free = max_batch - len(batch)
         if free and pending:  # join: prefill the waiting requests that fit, sample their first token
@@ -123,17 +129,18 @@ def continuous_generate(model, prompts: list[list[int]], limits: list[int], max_
             out = model(input_ids=ids, attention_mask=attn, position_ids=(attn.cumsum(-1) - 1).clamp_(min=0),
                         use_cache=True)
             tok, lp = sample(out.logits[:, -1])
+            v = version()
             for r, t, x in zip(rows, tok.tolist(), lp.tolist()):
                 r.tokens.append(t)
                 r.log_probs.append(x)
+                r.first_version = r.last_version = v
             batch.join(rows, [(layer.keys, layer.values) for layer in out.past_key_values.layers], attn,
                        attn.sum(-1), tok)
         on_step(batch)
         keep = []
         for i, r in enumerate(batch.rows):
-            stopped = r.tokens[-1] == eos
-            if stopped or len(r.tokens) >= r.limit:
-                yield r.index, r.tokens, r.log_probs, stopped
+            if r.tokens[-1] == eos or len(r.tokens) >= r.limit:
+                yield r
             else:
                 keep.append(i)
         batch.keep(keep)

@@ -30,7 +30,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 
 import numpy as np
@@ -193,16 +193,23 @@ class RemoteEngine:
             g.extras.pop("text", None)
         return gens
 
-    def generate_stream(self, prompts: list[list[int]], max_new_tokens: int | list[int],
-                        max_inflight: int) -> Iterator[tuple[int, Generation]]:
+    def generate_stream(self, prompts: list[list[int]], max_new_tokens: int | list[int], max_inflight: int,
+                        between: Callable[[], None] | None = None) -> Iterator[tuple[int, Generation]]:
         """Request-level streaming: up to `max_inflight` one-prompt requests in flight at once (the server
-        batches them continuously); yields (prompt index, Generation) as each reply arrives."""
+        batches them continuously); yields (prompt index, Generation) as each reply arrives. `between()` runs
+        after each reply: a partial rollout's weight update there pauses the server, updates in place and
+        continues, so requests in flight finish on the new weights (first/last version: at submit / reply)."""
         limits = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
         with ThreadPoolExecutor(max_workers=max(1, min(max_inflight, len(prompts)))) as pool:
-            futures = {pool.submit(self.generate, [p], n): i for i, (p, n) in enumerate(zip(prompts, limits))}
+            futures = {pool.submit(self.generate, [p], n): (i, self.version) for i, (p, n) in enumerate(zip(prompts, limits))}
             try:
                 for fut in as_completed(futures):
-                    yield futures[fut], fut.result()[0]
+                    i, first = futures[fut]
+                    gen = fut.result()[0]
+                    gen.weight_version, gen.last_version = first, self.version
+                    yield i, gen
+                    if between is not None:
+                        between()
             finally:
                 for fut in futures:
                     fut.cancel()

@@ -13,7 +13,7 @@ of every token fed to the model, uint8 [prompt_len + completion_len - 1, moe_lay
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -28,8 +28,9 @@ class Generation:
     token_ids: list[int]
     log_probs: list[float]
     finish_reason: str  # "stop" (EOS) | "length" (max_new_tokens)
-    weight_version: int
+    weight_version: int  # the version of its first token (the staleness bound applies to it)
     extras: dict = field(default_factory=dict)
+    last_version: int | None = None  # the version of its last token when a partial rollout changed it (else None)
 
 
 def _limits(max_new_tokens: int | list[int], n: int) -> list[int]:
@@ -78,7 +79,9 @@ class TorchEngine:
         self.top_p = top_p
         self.gen = torch.Generator().manual_seed(seed)
         self.version = 0
-        self._lock = threading.Lock()  # one generate or weight update at a time
+        # One generate or weight update at a time; re-entrant, so that a partial rollout's weight update from inside
+        # generate_stream (its `between` hook, same thread) goes through between two decode steps.
+        self._lock = threading.RLock()
         self._running = threading.Event()
         self._running.set()
         self.asleep = False
@@ -137,20 +140,29 @@ class TorchEngine:
                 if self.capture is not None:
                     self.capture.stop()
 
-    def generate_stream(self, prompts: list[list[int]], max_new_tokens: int | list[int],
-                        max_inflight: int) -> Iterator[tuple[int, Generation]]:
+    def generate_stream(self, prompts: list[list[int]], max_new_tokens: int | list[int], max_inflight: int,
+                        between: Callable[[], None] | None = None) -> Iterator[tuple[int, Generation]]:
         """Continuous batching (relax/engines/continuous.py): yields (prompt index, Generation) as each request
-        finishes, at most `max_inflight` decoding at once. Holds the engine (no weight update) until exhausted."""
+        finishes, at most `max_inflight` decoding at once. Other threads' weight updates wait until it is
+        exhausted; `between()` runs before every decode step in this thread, where a partial rollout calls
+        `update_weights` (in-flight requests go on with the new weights: pause, update, continue)."""
         if self.capture is not None:
             raise RuntimeError("continuous batching does not record routing (moe.r3): use chunked generate")
         limits = _limits(max_new_tokens, len(prompts))
         with self._lock, torch.no_grad():
             if self.asleep:
                 raise RuntimeError("engine is asleep: wake() it with weights before generating")
-            for i, toks, lps, stopped in continuous_generate(
-                    self.model, prompts, limits, max_inflight, self.tokenizer.pad_token_id, self.tokenizer.eos_token_id,
-                    lambda logits: sample_tokens(logits, self.temperature, self.top_p, self.gen), self._running.wait):
-                yield i, Generation(toks, lps, "stop" if stopped else "length", self.version)
+            def wait():
+                self._running.wait()
+                if between is not None:
+                    between()
+
+            eos = self.tokenizer.eos_token_id
+            for r in continuous_generate(self.model, prompts, limits, max_inflight, self.tokenizer.pad_token_id, eos,
+                                         lambda logits: sample_tokens(logits, self.temperature, self.top_p, self.gen),
+                                         wait, version=lambda: self.version):
+                yield r.index, Generation(r.tokens, r.log_probs, "stop" if r.tokens[-1] == eos else "length",
+                                          r.first_version, last_version=r.last_version)
 
     def _generate(self, prompts, max_new_tokens):
         limits = torch.tensor(_limits(max_new_tokens, len(prompts)))

@@ -50,6 +50,7 @@ class ActorRole(ModelRole):
         fields = cls.fields + (["ref_log_probs"] if kl_loss else []) + r3_fields(cfg)
         # ActorFwd: the trainer's forward, and the version it used (the row's own, unless that one was gone)
         fields += ["old_log_probs", "old_log_probs_version"] * (cfg.algorithm.old_log_probs == "actor_fwd")
+        fields += ["weight_version_last"] * cfg.rollout.partial  # partial rollout: the version of a row's last token
         fields += ["keep", "ds_attempts"] * cfg.algorithm.dynamic_sampling.enabled  # DAPO: marks, draws
         return fields + input_fields(cfg)  # omni media fields / the agent loss mask
 
@@ -140,7 +141,7 @@ class ActorRole(ModelRole):
         rewards, versions, tokens, seqs, losses = [], [], 0, 0, []
         loss_tokens = 0  # the token-mean denominator: response tokens, or the loss mask's ones (agent turns)
         loss_seqs = 0  # the seq-mean denominator: rows with at least one loss token
-        dropped, draws = 0, []
+        dropped, draws, spans = 0, [], []  # spans: partial rollout, versions a row's tokens came from, less one
         gap, gap_tokens = 0.0, 0  # ActorFwd: |trainer - engine| old log-prob per token, the mismatch it removes
         fwd_exact = 0  # ActorFwd: rows whose old log-probs came from the version that generated them
         for mb in loader:
@@ -160,6 +161,7 @@ class ActorRole(ModelRole):
             rewards += mb["rewards"].tolist()
             draws += mb["ds_attempts"].tolist() if "ds_attempts" in self.fields else []
             versions += mb["weight_version"].tolist()
+            spans += (mb["weight_version_last"] - mb["weight_version"]).tolist() if "weight_version_last" in self.fields else []
             self.trained_ids += mb["sample_id"].tolist()
             self.step_ids += mb["sample_id"].tolist()
             tokens += int(sum(len(r) for r in data["response_ids"]))
@@ -196,6 +198,8 @@ class ActorRole(ModelRole):
             "loss": sum(m["loss"] for m in losses) / max(denom, 1),
             **step_metrics,
             **(dynamic_sampling_metrics(dropped, draws, cfg.rollout.group_size) if "keep" in self.fields else {}),
+            **({"partial_rows_share": sum(x > 0 for x in spans) / len(spans), "partial_span_max": max(spans)}
+               if spans else {}),
             **({"old_rollout_gap_abs": gap / max(gap_tokens, 1), "old_log_probs_exact_share": fwd_exact / len(versions)}
                if "old_log_probs" in self.fields else {}),
             **(extra or {}),

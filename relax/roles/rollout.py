@@ -39,7 +39,7 @@ class RolloutRole(ModelRole):
     def writes(cls, cfg) -> list[str]:
         # DAPO's draw counts, R3's routed experts, omni media / the agent loss mask.
         return cls.outputs + ["ds_attempts"] * cfg.algorithm.dynamic_sampling.enabled + r3_fields(cfg) + \
-            input_fields(cfg)
+            input_fields(cfg) + ["weight_version_last"] * cfg.rollout.partial  # partial rollout: the version span
 
     def __init__(self, cfg, bus, telemetry, weights, threads, replica=None, queue=None):
         # Async: a DCS follower (each new version is pulled in the background while the engine generates).
@@ -257,6 +257,9 @@ class RolloutRole(ModelRole):
             "truncated": torch.tensor([int(g.finish_reason == "length") for g in gens]),
             "total_len": torch.tensor([len(p) + len(x) for p, x in zip(prompts, resp)]),
         }
+        if r.partial:  # the version of each row's last token (weight_version: of its first)
+            rows["weight_version_last"] = torch.tensor([g.weight_version if g.last_version is None else g.last_version
+                                                        for g in gens])
         if attempts is not None:  # DAPO: draws this row's group took (1: no redraw); the Actor reports redraws
             rows["ds_attempts"] = torch.tensor(attempts)
         if self.cfg.moe.r3:  # R3: each token's experts, uint8 (relax/moe/fields.py)
@@ -275,7 +278,9 @@ class RolloutRole(ModelRole):
         prompts = [self.tokenizer.encode(self.data[i].prompt) for i in prompt_idx]
         done: dict[int, dict[int, object]] = {g: {} for g in groups}
         requests = [prompts[a] for a in range(len(groups)) for _ in range(G)]
-        for i, gen in self.engine.generate_stream(requests, r.max_new_tokens, r.max_inflight):
+        # Partial rollout: a version the follower brought in is loaded between decode steps, mid-request.
+        between = (lambda: self.sync_weights(block=False)) if r.partial else None
+        for i, gen in self.engine.generate_stream(requests, r.max_new_tokens, r.max_inflight, between):
             a, j = divmod(i, G)
             done[groups[a]][j] = gen
             if len(done[groups[a]]) == G:

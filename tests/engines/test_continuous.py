@@ -66,3 +66,24 @@ def test_sampled_stream_is_reproducible_for_a_seed():
     ga = dict(a.generate_stream(prompts, 12, max_inflight=3))
     gb = dict(b.generate_stream(prompts, 12, max_inflight=3))
     assert all(ga[i].token_ids == gb[i].token_ids for i in range(6))
+
+
+def test_partial_rollout_updates_weights_mid_request_and_records_the_span():
+    engine, tok = _engine()
+    prompts = _prompts(tok, 6, seed=5)
+    state = {n: p.detach().clone() + 0.01 for n, p in engine.model.named_parameters()}
+    steps = []
+
+    def between():  # as the Rollout's partial mode does: a new version arrives after the 5th decode step
+        steps.append(1)
+        if len(steps) == 5:
+            engine.update_weights(state, 1)
+
+    gens = dict(engine.generate_stream(prompts, [3, 3, 20, 20, 20, 20], max_inflight=6, between=between))
+    assert engine.version == 1
+    for i in (2, 3, 4, 5):  # in flight across the update: went on, not restarted
+        assert (gens[i].weight_version, gens[i].last_version) == (0, 1) and len(gens[i].token_ids) == 20
+    for i in (0, 1):  # finished before it
+        assert (gens[i].weight_version, gens[i].last_version) == (0, 0)
+    p = next(engine.model.parameters())
+    assert torch.equal(p, state[next(n for n, _ in engine.model.named_parameters())].to(p.dtype))
