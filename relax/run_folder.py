@@ -5,7 +5,7 @@ its file names and formats. The controller writes through it; analysis, studies 
 |---|---|---|
 | config.yaml | controller | the resolved config |
 | metrics.jsonl | controller (jsonl sink), baseline parsers | one JSON object per training step: appended live as the run sees each step, rewritten whole at the end (every span counted in busy_s) |
-| events.jsonl | controller (jsonl sink) | one JSON object per event (recovery, scale, fault), appended as it happens |
+| events.jsonl | controller (jsonl sink) | one JSON object per event (`event`: recovery, heartbeat_timeout, fault, scale; then its fields), appended as it happens |
 | summary.json | controller | throughput, rewards, accounting, environment |
 | recovery.json | supervisor | faults, recoveries, DCS totals, scale operations |
 | trace.json | controller | Chrome trace: one lane per role, a span per unit of work |

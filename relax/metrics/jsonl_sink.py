@@ -17,7 +17,7 @@ class JsonlSink:
         self.folder.append_metrics({"step": step, **metrics})
 
     def event(self, kind: str, payload: Mapping) -> None:
-        self.folder.append_event({"kind": kind, **payload})
+        self.folder.append_event({"event": kind, **payload})
 
     def close(self) -> None:
         pass  # nothing held open: every line is written and closed at once

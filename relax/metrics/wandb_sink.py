@@ -41,7 +41,7 @@ class WandbSink:
 
     def event(self, kind: str, payload: Mapping) -> None:
         self.counts[kind] += 1
-        self.events.append({"kind": kind, **payload})
+        self.events.append({"event": kind, **payload})
         self.run.summary["events"] = self.events
 
     def close(self) -> None:

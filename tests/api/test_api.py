@@ -78,7 +78,7 @@ def pool():
 @pytest.fixture
 def client(pool):
     manager = ScaleManager(pool, timeout_s=5, drain_timeout_s=5)
-    app = create_app(manager, TOKEN, metrics=lambda: {"weight_version": 3, "restarts": [({"role": "rollout"}, 1)]})
+    app = create_app(manager, TOKEN, metrics=lambda: {"weights_version": 3, "role_restarts": {"rollout-0": 1, "reward": 0}})
     with TestClient(app) as c:
         c.manager = manager
         yield c
@@ -199,10 +199,24 @@ def test_cancel_rolls_back_and_failure_rolls_back(client, pool):
 
 
 def test_metrics_are_prometheus_text(client):
-    text = client.get("/metrics", headers=AUTH).text
-    assert "# TYPE relax_rollout_replicas gauge" in text
-    assert "relax_rollout_replicas 2" in text
-    assert 'relax_restarts{role="rollout"} 1' in text
+    from prometheus_client.parser import text_string_to_metric_families
+
+    r = client.get("/metrics", headers=AUTH)
+    assert r.headers["content-type"].startswith("text/plain; version=0.0.4")
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for fam in text_string_to_metric_families(r.text) for s in fam.samples}
+    assert samples[("relax_rollout_replicas", ())] == 2
+    assert samples[("relax_weights_version", ())] == 3
+    assert samples[("relax_role_restarts_total", (("role", "rollout-0"),))] == 1
+    assert samples[("relax_role_restarts_total", (("role", "reward"),))] == 0
+    assert "# TYPE relax_role_restarts_total counter" in r.text
+    assert not any(name == "relax_staleness_mean" for name, _ in samples)  # unknown yet: left out, not 0
+
+
+def test_metrics_speak_openmetrics_when_asked(client):
+    r = client.get("/metrics", headers={**AUTH, "Accept": "application/openmetrics-text; version=1.0.0"})
+    assert r.headers["content-type"].startswith("application/openmetrics-text")
+    assert r.text.rstrip().endswith("# EOF")
 
 
 def test_server_thread_writes_a_private_token_and_answers(tmp_path, pool):
@@ -259,7 +273,7 @@ def test_relax_scale_cli_reads_the_run_dir_and_drives_every_operation(tmp_path, 
         rc, body = relax_scale("status", body["request_id"])  # a scale-in id is found too
         assert rc == 0 and body["kind"] == "scale_in"
         rc, text = relax_scale("metrics")
-        assert rc == 0 and "relax_rollout_replicas 2" in text
+        assert rc == 0 and "relax_rollout_replicas 2.0" in text
         rc, text = relax_scale("in", "1")  # initial replicas stay: HTTP 400, exit 1
         assert rc == 1 and "HTTP 400" in text
         pool.hold["health"] = threading.Event()
