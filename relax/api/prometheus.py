@@ -8,6 +8,8 @@ beside this module (grafana/relax.json) queries only these (tests/api checks it 
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -54,6 +56,19 @@ METRICS: dict[str, tuple[str, str, str, str | None]] = {
                          "kind,status"),
 }
 EXPORTED = sorted(name + ("_total" if kind == "counter" else "") for name, kind, _, _ in METRICS.values())
+
+
+def dashboard_metric_names(path: Path = DASHBOARD) -> set[str]:
+    """Every relax_* name a Grafana dashboard queries (its panels' exprs and its query variables)."""
+    dash = json.loads(Path(path).read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
+    exprs += [v["query"] for v in dash.get("templating", {}).get("list", []) if v.get("type") == "query"]
+    return {n for e in exprs for n in re.findall(r"\brelax_[a-z_]+\b", e)}
+
+
+def exported_names(text: str) -> set[str]:
+    """The metric names a /metrics page declares (its `# TYPE` lines; a counter's carry `_total`)."""
+    return {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
 
 
 class RunCollector:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import threading
@@ -424,3 +425,18 @@ def test_the_pool_is_walked_through_a_snapshot_while_the_api_adds_replicas(monke
     monkeypatch.setattr(pool_mod.ray, "available_resources", lambda: {"CPU": 5.0})
     assert p.capacity() == p.count() + 2  # 5 free CPUs, 2 per replica; GPU 0 is no constraint
     assert pool_mod.RayRolloutPool(lambda i: None, lambda h, i: None, queue=None).capacity() is None
+
+
+def test_every_metric_the_dashboard_queries_is_exported(pool):
+    """With every value the supervisor reports, the page exports exactly EXPORTED, and the dashboard queries
+    only those (tests/metrics/test_sinks_e2e.py checks the dashboard against a live run's page too)."""
+    from relax.api.prometheus import EXPORTED, METRICS, dashboard_metric_names, exported_names
+
+    full = {key: ({"actor": 1, "rollout-0": 2} if label else 1) for key, (_, _, _, label) in METRICS.items()}
+    full.pop("rollout_replicas"), full.pop("rollout_replicas_healthy"), full.pop("scale_operations")  # the app's own
+    manager = ScaleManager(pool)
+    with TestClient(create_app(manager, TOKEN, metrics=lambda: full)) as c:
+        text = c.get("/metrics", headers=AUTH).text
+    assert exported_names(text) == set(EXPORTED)
+    used = dashboard_metric_names()
+    assert len(used) >= 20 and used <= set(EXPORTED), used - set(EXPORTED)
