@@ -87,9 +87,8 @@ def load_config(run: Path) -> dict:
 
 
 def load_metrics(run: Path) -> pd.DataFrame:
-    df = pd.json_normalize(RunFolder(run).metrics())
-    df.columns = [c.replace("busy_s.", "busy_s/") for c in df.columns]
-    return df
+    # per-role dicts (busy_s, busy_share) become busy_s/<role> columns, as the metrics sinks name them
+    return pd.json_normalize(RunFolder(run).metrics(), sep="/")
 
 
 def load_trace(run: Path) -> pd.DataFrame:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 class Strict(BaseModel):
@@ -403,6 +403,29 @@ class MoEConfig(Strict):
     r3_prompt: bool = True
 
 
+SINKS = ("jsonl", "tensorboard", "wandb", "mlflow")  # relax/metrics/sinks.py builds each one
+
+
+class MetricsConfig(Strict):
+    """Where every step's metrics, per-role utilisation and events go while the run goes on (relax/metrics/)."""
+
+    # jsonl: metrics.jsonl and events.jsonl, one row per step as the run sees it (always on: the run folder's
+    # record); tensorboard: event files; wandb: an offline W&B run (no network); mlflow: a local file store.
+    # Where each writes inside the run folder: relax/run_folder.py.
+    sinks: list[Literal["jsonl", "tensorboard", "wandb", "mlflow"]] = Field(default_factory=lambda: ["jsonl"])
+
+    @field_validator("sinks")
+    @classmethod
+    def _check_sinks(cls, sinks: list[str]) -> list[str]:
+        if "jsonl" not in sinks:
+            raise ValueError("must include jsonl (metrics.jsonl and summary.json are what relax report and analysis "
+                             "read); add the others beside it, e.g. [jsonl, tensorboard]")
+        twice = sorted({s for s in sinks if sinks.count(s) > 1})
+        if twice:
+            raise ValueError(f"{', '.join(twice)} listed more than once")
+        return sinks
+
+
 GROUP_ROLES = ("actor", "reference")  # the roles that can run Megatron on a worker group (resources.<role>.workers)
 
 
@@ -431,6 +454,7 @@ class ExperimentConfig(Strict):
     dcs: DCSConfig = Field(default_factory=DCSConfig)
     health: HealthConfig = Field(default_factory=HealthConfig)
     faults: list[FaultSpec] = Field(default_factory=list)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)  # metrics sinks (TensorBoard, W&B, MLflow)
     max_global_restart: int = Field(1, ge=0)  # Tier 2 (global) restarts allowed in one run
     alerts: AlertsConfig = Field(default_factory=AlertsConfig)  # alert rules and where messages go
 

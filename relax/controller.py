@@ -3,10 +3,14 @@
 It only orchestrates (start, step counters, teardown); data moves between roles through the bus and
 weights through the weight store. Results follow DESIGN.md section 7:
 `<out>/<experiment>/<profile>/<run>/{config.yaml, metrics.jsonl, trace.json, summary.json}`.
+
+Metrics go out live: every poll hands each new step's row, and every recovery, injected fault and finished
+scale operation the supervisor has seen since, to the Reporter over `metrics.sinks` (relax/metrics/sinks.py).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import platform
@@ -18,11 +22,12 @@ import ray
 import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from relax.api.scaling import TERMINAL as TERMINAL_SCALE
 from relax.bus import Bus
 from relax.config import ExperimentConfig, dump_config
 from relax.metrics.alerts import AlertSink
 from relax.metrics.gpu import hardware_description
-from relax.metrics.sinks import Reporter
+from relax.metrics.sinks import build_reporter
 from relax.metrics.status import make_status
 from relax.metrics.telemetry import Telemetry, busy_seconds, chrome_trace
 from relax.models.warmup import warmup_state
@@ -66,16 +71,19 @@ class Controller:
         self.records: dict[int, dict] = {}
         self.colocate_extra: dict[int, dict] = {}
         self.memory = MemoryMeter()
-        # Sinks fed live from poll (relax/metrics/sinks.py): the alert rules (relax/metrics/alerts.py).
+        self.reporter = build_reporter(cfg, self.folder)  # metrics.sinks: every step and event, live
+        self.spans_seen = 0  # spans fetched from telemetry so far
+        self.recent_spans: list[dict] = []  # those that may still overlap a step not yet reported
+        self.last_end: float | None = None  # end_time of the newest step reported
+        self.reported: set = set()  # events already handed to the reporter
+        # The alert rules (relax/metrics/alerts.py) are one more sink, fed the same steps and events.
         self.alerts = AlertSink(cfg.alerts, cfg.max_staleness, run=f"{cfg.name}/{self.folder.name}")
-        self.reporter = Reporter({"alerts": self.alerts})
+        self.reporter.sinks["alerts"] = self.alerts
         self.t_start: float | None = None  # the first step's start (set when the schedule starts)
-        self._reported = 0  # supervisor events already handed to the reporter
-        self._faults_reported = 0
         self.t_end: float | None = None  # the last step's end (set when the schedule returns)
-        self.rows: dict[int, dict] = {}  # step -> its numeric metrics, as the sinks got them
-        self._spans: list[dict] = []  # spans fetched so far (live busy shares)
-        self._status_at = 0.0
+        self.rows: dict[int, dict] = {}  # step -> its row as the sinks got it (status.json's curve)
+        self.all_spans: list[dict] = []  # every span fetched so far (status.json's live busy shares)
+        self.status_at = 0.0  # when status.json was last written
 
     # --- set-up ------------------------------------------------------------------------------------------
     def start_roles(self, initial_state) -> None:
@@ -92,51 +100,74 @@ class Controller:
     # --- metrics -----------------------------------------------------------------------------------------
     def poll(self, bar) -> None:
         self.memory.sample()
-        _, steps = ray.get(self.telemetry.snapshot.remote(10**9))
+        spans, steps = ray.get(self.telemetry.snapshot.remote(self.spans_seen))
+        self.spans_seen += len(spans)
+        self.recent_spans += spans
+        self.all_spans += spans
         for k in sorted(steps):
             if k not in self.records:
                 self.records[k] = steps[k]
                 bar.update(self.task_id, advance=1, reward=steps[k]["reward_mean"])
-                self.rows[k] = self.live_row(k)
-                self.reporter.step(k, self.rows[k])
-        sup = getattr(self, "supervisor", None)
-        if sup is not None:
-            for ev in sup.events[self._reported:]:  # recoveries and missed heartbeats, as they happen
-                self.reporter.event(ev.get("kind", "recovery"), ev)
-            self._reported = len(sup.events)
-            for f in sup.injector.fired[self._faults_reported:]:
-                self.reporter.event("fault", f)
-            self._faults_reported = len(sup.injector.fired)
-        if time.time() - self._status_at >= 1.0:
+                self.report_step(k)
+        self.report_events()
+        if time.time() - self.status_at >= 1.0:
             self.write_status("running")
 
-    def live_row(self, k: int) -> dict:
-        """Step k's numeric metrics as metrics.jsonl will name them (step_time_s from the previous step's end)."""
-        rec = self.records[k]
-        ends = [r["end_time"] for j, r in self.records.items() if j < k]
-        prev = max(ends) if ends else (self.t_start or rec["end_time"])
-        row = {key: v for key, v in rec.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-        row["step_time_s"] = rec["end_time"] - prev
-        row["wall_time_s"] = rec["end_time"] - (self.t_start or rec["end_time"])
-        row.pop("end_time", None)
-        return row
+    def row(self, k: int, prev_end: float, spans: list[dict]) -> dict:
+        """Step k's metrics.jsonl row: its record, its time, and each role's busy seconds and share of it."""
+        rec = dict(self.records[k])
+        end = rec.pop("end_time")
+        step_s = end - prev_end
+        busy = busy_seconds(spans, prev_end, end, self.names)
+        return {"step": k, "wall_time_s": round(end - self.t_start, 4), "step_time_s": round(step_s, 4),
+                **{key: v for key, v in rec.items() if key != "step"}, "busy_s": busy,
+                "busy_share": {n: round(b / step_s, 4) if step_s > 0 else 0.0 for n, b in busy.items()},
+                **self.colocate_extra.get(k, {})}
+
+    def report_step(self, k: int) -> None:
+        # Live: from the spans received by now (roles ship them in batches, so a role's newest ones may not be
+        # here yet and its busy share reads low); write_metrics recounts every step from all spans at the end.
+        prev = self.last_end if self.last_end is not None else self.t_start
+        row = self.row(k, prev, self.recent_spans)
+        self.last_end = self.records[k]["end_time"]
+        self.recent_spans = [s for s in self.recent_spans if s["end"] > self.last_end]
+        self.ctx.live["row"] = row
+        self.rows[k] = row
+        self.reporter.step(k, {key: v for key, v in row.items() if key != "step"})
+
+    def report_events(self, final: bool = False) -> None:
+        """Hand the reporter what happened since the last poll, each once: injected faults as they fire
+        ("fault"), missed heartbeats ("heartbeat_timeout"), recoveries once the replacement is ready or the run
+        ends ("recovery"), and scale operations once finished ("scale")."""
+        sup = getattr(self, "supervisor", None)
+        if sup is None:
+            return
+        found = [(("fault", i), "fault", {k: v for k, v in f.items() if k != "matched"}
+                  | {"t_fault": f["t_fault"] - sup.t_start}) for i, f in enumerate(sup.injector.fired)]
+        for i, ev in enumerate(sup.events):
+            if "kind" in ev:
+                found.append((("event", i), ev["kind"], ev))
+            elif final or "t_ready" in ev or ev.get("superseded_by_global_restart"):
+                found.append((("event", i), "recovery", ev))
+        if sup.api is not None:
+            found += [(("scale", op["request_id"]), "scale", op) for op in sup.scaler.views()
+                      if op["status"] in TERMINAL_SCALE or final]
+        for key, kind, payload in found:
+            if key not in self.reported:
+                self.reported.add(key)
+                # plain JSON data, the same for every sink; steps_done: where in the run it happened
+                self.reporter.event(kind, {"steps_done": len(self.records), **json.loads(json.dumps(payload, default=str))})
 
     def write_status(self, state: str, error: str | None = None) -> None:
         """status.json: what `relax status` and the API's /status and /view show while the run goes on."""
-        self._status_at = time.time()
+        self.status_at = time.time()
         sup = getattr(self, "supervisor", None)
-        if getattr(self, "telemetry", None) is not None and self.t_start is not None and self.t_end is None:
-            try:
-                new, _ = ray.get(self.telemetry.snapshot.remote(len(self._spans)), timeout=10)
-                self._spans += new
-            except Exception:  # noqa: BLE001 -- telemetry or Ray gone (a failed run): keep the spans we have
-                pass
         end = self.t_end or time.time()
         elapsed = None if self.t_start is None else end - self.t_start
         busy = {}
         if elapsed:
-            busy = {n: v / elapsed for n, v in busy_seconds(self._spans, self.t_start, end, self.names).items()}
-        rows = [{"step": k, **self.rows[k]} for k in sorted(self.rows)]
+            busy = {n: v / elapsed for n, v in busy_seconds(self.all_spans, self.t_start, end, self.names).items()}
+        rows = [self.rows[k] for k in sorted(self.rows)]
         alerts = {"active": [vars(a) for a in self.alerts.active], "history": [vars(a) for a in self.alerts.history],
                   "delivery_errors": self.alerts.delivery_errors}
         scaler = getattr(sup, "scaler", None) if sup is not None and sup.api is not None else None
@@ -145,15 +176,11 @@ class Controller:
             len(self.records), rows, elapsed, busy, sup.events if sup else [], sup.injector.fired if sup else [],
             scaler.views() if scaler else [], alerts, error))
 
-    def write_metrics(self, t_start: float, spans: list[dict]) -> list[dict]:
-        rows, prev_end = [], t_start
+    def write_metrics(self, spans: list[dict]) -> list[dict]:
+        rows, prev_end = [], self.t_start
         for k in sorted(self.records):
-            rec = dict(self.records[k])
-            end = rec.pop("end_time")
-            rows.append({"step": k, "wall_time_s": round(end - t_start, 4), "step_time_s": round(end - prev_end, 4),
-                         **{key: v for key, v in rec.items() if key != "step"},
-                         "busy_s": busy_seconds(spans, prev_end, end, self.names), **self.colocate_extra.get(k, {})})
-            prev_end = end
+            rows.append(self.row(k, prev_end, spans))
+            prev_end = self.records[k]["end_time"]
         self.folder.write_metrics(rows)
         return rows
 
@@ -192,6 +219,8 @@ class Controller:
             "samples_lost": len(expected - set(account)),
             "samples_duplicated": len(account) - len(set(account)),
             "backends": getattr(getattr(self, "supervisor", None), "backends", {}),  # what ran each role
+            # metrics.sinks, and those that failed during the run (name -> the error that turned it off)
+            "metrics_sinks": list(cfg.metrics.sinks), "metrics_sinks_failed": dict(self.reporter.failed),
             "environment": {"cpus": os.cpu_count(), "torch": torch.__version__, "ray": ray.__version__,
                             "python": platform.python_version(), "machine": platform.machine(),
                             "hardware": hardware_description()},
@@ -210,11 +239,12 @@ class Controller:
             summary = self._run()
         except BaseException as err:
             try:
-                self.reporter.close()
+                self.close_reporter()  # a run that failed (warm-up, start-up, a role) closes its sinks too
                 self.write_status("failed", f"{type(err).__name__}: {err}")
             except Exception:  # noqa: BLE001 -- never hide the run's own error
                 log.exception("could not write the failed run's status")
             raise
+        self.write_status("finished")
         return summary
 
     def _run(self) -> dict:
@@ -228,12 +258,12 @@ class Controller:
                 with Progress(*columns, disable=not self.progress, transient=False) as bar:
                     label = cfg.mode if cfg.schedule == "relax" else f"{cfg.schedule} schedule, EMULATED"
                     self.task_id = bar.add_task(f"{cfg.name} [{label}]", total=cfg.steps, reward=0.0)
-                    t_start = self.t_start = time.time()
+                    self.t_start = time.time()
                     get_schedule(cfg).run(self.ctx, self.supervisor, bar)  # relax/schedules/
                     self.poll(bar)
-                    self.write_status("running")
                 spans = ray.get(self.telemetry.all_spans.remote())
-                self._spans, self.t_end = spans, max((r["end_time"] for r in self.records.values()), default=time.time())
+                self.all_spans = spans
+                self.t_end = max((r["end_time"] for r in self.records.values()), default=time.time())
                 final_state = self.supervisor.final_state()[1]
                 account = self.supervisor.account()  # the DCS ledger: sample ids of committed versions
                 from relax.export import save_final_weights  # `relax export RUN_DIR --to DIR` reads it
@@ -243,15 +273,21 @@ class Controller:
                     self.supervisor.shutdown()  # writes recovery.json, stops the API and every role
                 if hasattr(self, "bus"):
                     self.bus.close()
-        self.folder.write_trace(chrome_trace(spans, t_start))
-        rows = self.write_metrics(t_start, spans)
+                self.close_reporter()  # held alert messages go out; every sink closes
+        self.folder.write_trace(chrome_trace(spans, self.t_start))
+        rows = self.write_metrics(spans)
         # Greedy accuracy on held-out prompts, before and after RL (the warm-up start vs the trained policy).
-        evals = {"eval_accuracy_start": greedy_accuracy(cfg, state), "eval_accuracy_end": greedy_accuracy(cfg, final_state),
+        evals = {"eval_accuracy_start": greedy_accuracy(cfg, state),
+                 "eval_accuracy_end": greedy_accuracy(cfg, final_state),
                  "eval_reward_start": sampled_reward(cfg, state), "eval_reward_end": sampled_reward(cfg, final_state)}
-        summary = self.write_summary(rows, t_start, spans, account, evals)
-        self.reporter.close()  # held alert messages go out; delivery ends
-        self.write_status("finished")
-        return summary
+        return self.write_summary(rows, self.t_start, spans, account, evals)
+
+    def close_reporter(self) -> None:
+        """Every event seen up to the end (recoveries still in progress too), then each sink closes."""
+        try:
+            self.report_events(final=True)
+        finally:
+            self.reporter.close()
 
 
 def run_experiment(cfg: ExperimentConfig, out: str | Path = "results", run: str | None = None,

@@ -4,8 +4,9 @@ run accepts; each failure is a `ConfigError` naming the field (the CLI exits 2 w
 
 Checked: the schedule suits the config (e.g. schedule=verl needs mode=async), the rollout engine can start
 here, the algorithm's registry names and `algorithm.params` keys, finite numbers inside free-form params,
-the task's name, params and data files (both splits), the alerts' Apprise URLs, the API port, and the prompt
-length against the model's `max_position` (tiny char-level models; an hf model's limit is its own config's).
+the task's name, params and data files (both splits), the alerts' Apprise URLs, the API port, the packages of
+the metrics sinks, and the prompt length against the model's `max_position` (tiny char-level models; an hf
+model's limit is its own config's).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ def preflight(cfg: ExperimentConfig, api_port: int | None = None) -> None:
         check_targets(cfg.alerts)  # each Apprise URL parses
     except ValueError as err:
         raise ConfigError(str(err)) from None
+    _check_sinks(cfg)
     if api_port is not None:
         check_port(api_port)
 
@@ -71,6 +73,16 @@ def check_port(port: int, host: str = "127.0.0.1") -> None:
             s.bind((host, port))
         except OSError as err:
             raise ConfigError(f"--api-port: cannot listen on {host}:{port}: {err.strerror or err}") from None
+
+
+def _check_sinks(cfg: ExperimentConfig) -> None:
+    from relax.metrics.sinks import missing_package
+
+    for sink in cfg.metrics.sinks:
+        package = missing_package(sink)
+        if package is not None:
+            raise ConfigError(f"metrics.sinks: the {sink} sink needs the '{package}' package, which is not installed "
+                              f"here (pip install -e '.[ops]' installs every sink's package; or leave {sink} out)")
 
 
 def _check_task(cfg: ExperimentConfig) -> None:

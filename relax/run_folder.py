@@ -4,7 +4,8 @@ its file names and formats. The controller writes through it; analysis, studies 
 | file | written by | content |
 |---|---|---|
 | config.yaml | controller | the resolved config |
-| metrics.jsonl | controller, baseline parsers | one JSON object per training step |
+| metrics.jsonl | controller (jsonl sink), baseline parsers | one JSON object per training step: appended live as the run sees each step, rewritten whole at the end (every span counted in busy_s) |
+| events.jsonl | controller (jsonl sink) | one JSON object per event (`event`: recovery, heartbeat_timeout, fault, scale; then its fields), appended as it happens |
 | summary.json | controller | throughput, rewards, accounting, environment |
 | recovery.json | supervisor | faults, recoveries, DCS totals, scale operations |
 | trace.json | controller | Chrome trace: one lane per role, a span per unit of work |
@@ -12,6 +13,9 @@ its file names and formats. The controller writes through it; analysis, studies 
 | host_load.json | whoever timed the run | the machine's load average before and after it |
 | final_weights.safetensors | controller | the trained policy (`relax export`) |
 | checkpoints/ | Actor | optimizer state (+ weights) every `health.checkpoint_every` steps |
+| tensorboard/ | tensorboard sink | TensorBoard event files (`tensorboard --logdir RUN/tensorboard`) |
+| wandb/ | wandb sink | the offline W&B run (`wandb/offline-run-*/run-*.wandb`; `wandb sync` uploads it) |
+| mlruns/ | mlflow sink | MLflow file store (`mlflow ui --backend-store-uri RUN/mlruns`) |
 
 Stdlib + PyYAML only, so the harness reads runs without importing torch or Ray.
 """
@@ -36,8 +40,33 @@ STATUS = "status.json"
 HOST_LOAD = "host_load.json"
 FINAL_WEIGHTS = "final_weights.safetensors"
 CHECKPOINTS = "checkpoints"
+EVENTS = "events.jsonl"
+# The metrics sinks' folders (relax/metrics/): each sink writes only inside its own.
+SINK_DIRS = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlruns"}
 # Folders under a results root that hold no runs of their own.
 NOT_EXPERIMENTS = frozenset({"published", "figures", "tables", "reference", "baselines"})
+
+
+def _append_line(path: Path, record: dict) -> None:
+    # One write() of a whole line on an O_APPEND file: a reader sees whole lines, or a last one cut short
+    # (no newline yet, not valid JSON), which _read_lines skips.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, (json.dumps(record) + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def _read_lines(path: Path) -> list[dict]:
+    text = path.read_text()
+    lines = text.split("\n")
+    rows = [json.loads(line) for line in lines[:-1] if line.strip()]
+    if lines[-1].strip():  # not ended by a newline: a whole last row, or one a live run is writing now
+        try:
+            rows.append(json.loads(lines[-1]))
+        except json.JSONDecodeError:
+            pass
+    return rows
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -92,6 +121,17 @@ class RunFolder:
     def write_metrics(self, rows: list[dict]) -> None:
         _write_atomic(self.path / METRICS, "".join(json.dumps(r) + "\n" for r in rows))
 
+    def append_metrics(self, row: dict) -> None:
+        """One step's row, while the run goes on (write_metrics replaces the file at the end)."""
+        _append_line(self.path / METRICS, row)
+
+    def append_event(self, event: dict) -> None:
+        _append_line(self.path / EVENTS, event)
+
+    def sink_dir(self, sink: str) -> Path:
+        """The folder a metrics sink writes in (not created here: the sink makes it, and a failure is its own)."""
+        return self.path / SINK_DIRS[sink]
+
     def write_summary(self, summary: dict) -> None:
         _write_atomic(self.path / SUMMARY, json.dumps(summary, indent=2))
 
@@ -117,7 +157,12 @@ class RunFolder:
         path = self.path / METRICS
         if not path.exists():
             raise FileNotFoundError(f"{self.path}: no {METRICS} (is this a run folder?)")
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return _read_lines(path)
+
+    def events(self) -> list[dict]:
+        """events.jsonl's events ([] when absent)."""
+        path = self.path / EVENTS
+        return _read_lines(path) if path.exists() else []
 
     def summary(self) -> dict:
         path = self.path / SUMMARY

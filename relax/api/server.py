@@ -1,5 +1,5 @@
-"""The HTTP control plane of a run (FastAPI): elastic rollout scaling, engines, health, Prometheus metrics,
-the run's status and its live view.
+"""The HTTP control plane of a run (FastAPI): elastic rollout scaling, engines, health, Prometheus metrics
+(relax/api/prometheus.py), the run's status and its live view.
 
 Started with the run (`relax run CONFIG --api-port PORT`, port 0 picks a free one); the bearer token is
 written to `<run_dir>/api_token` (mode 0600) and the address to `<run_dir>/api.json`. Every endpoint but
@@ -20,10 +20,11 @@ from typing import Callable
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 
+from relax.api.prometheus import exposition, registry_for
 from relax.api.scaling import BadRequest, Conflict, NotFound, ScaleManager
 
 
@@ -79,19 +80,6 @@ def _codes(*codes: int) -> dict:
     text = {400: "the request cannot be honoured (the message names the limit)", 401: "missing or wrong bearer token",
             404: "no such operation", 409: "another operation is pending or running"}
     return {c: {"model": ErrorView, "description": text[c]} for c in codes}
-
-
-def _prometheus(metrics: dict) -> str:
-    """Prometheus text format: {name: value} or {name: [(labels dict, value), ...]}; names get `relax_`."""
-    lines = []
-    for name, value in metrics.items():
-        full = f"relax_{name}"
-        lines.append(f"# TYPE {full} gauge")
-        samples = value if isinstance(value, list) else [({}, value)]
-        for labels, v in samples:
-            lab = ",".join(f'{k}="{str(x).replace(chr(34), "")}"' for k, x in sorted(labels.items()))
-            lines.append(f"{full}{'{' + lab + '}' if lab else ''} {float(v):g}")
-    return "\n".join(lines) + "\n"
 
 
 def create_app(manager: ScaleManager, token: str, metrics: Callable[[], dict] | None = None,
@@ -166,14 +154,22 @@ def create_app(manager: ScaleManager, token: str, metrics: Callable[[], dict] | 
         es = manager.pool.engines()
         return {"engines": es, "total_engines": len(es)}
 
-    @api.get("/metrics", response_class=PlainTextResponse, tags=["status"])
-    def get_metrics() -> str:
+    def run_metrics() -> dict:
         m = dict(metrics() if metrics else {})
         es = manager.pool.engines()
         m["rollout_replicas"] = len(es)
         m["rollout_replicas_healthy"] = sum(1 for e in es if e["is_healthy"])
-        m["scale_operations"] = [({"kind": k, "status": s}, n) for (k, s), n in sorted(manager.counters().items())]
-        return _prometheus(m)
+        m["scale_operations"] = dict(sorted(manager.counters().items()))
+        return m
+
+    registry = registry_for(run_metrics)  # this app's own (relax/api/prometheus.py)
+
+    @api.get("/metrics", response_class=PlainTextResponse, tags=["status"],
+             responses={200: {"description": "Prometheus text (OpenMetrics when the Accept header asks for it)",
+                              "content": {"text/plain": {}, "application/openmetrics-text": {}}}})
+    def get_metrics(request: Request) -> Response:
+        body, content_type = exposition(registry, request.headers.get("accept"))
+        return Response(body, media_type=content_type)
 
     @api.get("/status", tags=["status"])
     def get_status() -> dict:

@@ -412,11 +412,33 @@ class Supervisor:
         return self.dcs.ledger()
 
     def metrics(self) -> dict:
+        """The run now, for the control API's /metrics (keys: relax/api/prometheus.py METRICS). Called from the
+        API's thread: it reads the DCS coordinator, the bus and the poll's newest step row."""
         topo = self.dcs.topology()
-        return {"steps_done": len(self.ctx.records), "weight_version": topo["latest"],
-                "weight_transfers": topo["stats"]["transfers"], "weight_bytes": topo["stats"]["bytes"],
-                "restarts": [({"role": r}, n) for r, n in sorted(self.restarts.items())] or 0,
-                "global_restarts": self.global_restarts}
+        row = self.ctx.live.get("row", {})
+        ledger = self.dcs.ledger()
+        rows = self.cfg.rows_per_step
+        # Version v holds step v-1's samples, ids (v-1)*rows .. v*rows-1 (relax/roles/rollout.py).
+        expected = {i for v in topo["committed"] if v >= 1 for i in range((v - 1) * rows, v * rows)}
+        held = self.ctx.bus.held_rows()
+        roles = {n: 0 for n in self.ctx.role_names if n != "rollout"}
+        roles |= {f"rollout-{i}": 0 for i, r in self.pool.snapshot().items() if r.status != "REMOVED"}
+        return {
+            "steps_done": len(self.ctx.records), "steps_planned": self.cfg.steps,
+            "weights_version": topo["latest"],
+            "role_weights_version": {m["role"] + ("" if m["replica"] is None else f"-{m['replica']}"): max(m["holds"])
+                                     for m in topo["members"] if m["alive"] and m["holds"]},
+            "weight_transfers": topo["stats"]["transfers"], "weight_transfer_bytes": topo["stats"]["bytes"],
+            "role_restarts": roles | dict(self.restarts), "global_restarts": self.global_restarts,
+            "role_busy_share": row.get("busy_share"),
+            "staleness_mean": row.get("staleness_mean"), "staleness_max": row.get("staleness_max"),
+            "reward_mean": row.get("reward_mean"), "loss": row.get("loss"),
+            "step_time_seconds": row.get("step_time_s"), "trainer_wait_seconds": row.get("trainer_wait_s"),
+            "weight_sync_seconds": row.get("weight_sync_s"),
+            "bus_rows_held": sum(held.values()), "bus_partitions_held": len(held),
+            "samples_trained": len(ledger), "samples_lost": len(expected - set(ledger)),
+            "samples_duplicated": len(ledger) - len(set(ledger)),
+        }
 
     def write_report(self) -> dict:
         topo = self.dcs.topology() if getattr(self, "dcs", None) is not None else {}

@@ -23,3 +23,4 @@ class RunContext:
     records: dict[int, dict] = field(default_factory=dict)  # step -> its record, as `poll` finds them
     poll: Callable[[Any], None] = lambda bar: None  # poll(bar): new step records, progress bar, memory
     step_extra: dict[int, dict] = field(default_factory=dict)  # step -> extra metrics.jsonl fields (colocate)
+    live: dict = field(default_factory=dict)  # the poll's newest view: "row", the last step's metrics.jsonl row

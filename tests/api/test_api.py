@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import threading
@@ -78,7 +79,7 @@ def pool():
 @pytest.fixture
 def client(pool):
     manager = ScaleManager(pool, timeout_s=5, drain_timeout_s=5)
-    app = create_app(manager, TOKEN, metrics=lambda: {"weight_version": 3, "restarts": [({"role": "rollout"}, 1)]},
+    app = create_app(manager, TOKEN, metrics=lambda: {"weights_version": 3, "role_restarts": {"rollout-0": 1, "reward": 0}},
                      status=lambda: {"state": "running", "steps_done": 2, "note": "secret-status"})
     with TestClient(app) as c:
         c.manager = manager
@@ -210,10 +211,24 @@ def test_cancel_rolls_back_and_failure_rolls_back(client, pool):
 
 
 def test_metrics_are_prometheus_text(client):
-    text = client.get("/metrics", headers=AUTH).text
-    assert "# TYPE relax_rollout_replicas gauge" in text
-    assert "relax_rollout_replicas 2" in text
-    assert 'relax_restarts{role="rollout"} 1' in text
+    from prometheus_client.parser import text_string_to_metric_families
+
+    r = client.get("/metrics", headers=AUTH)
+    assert r.headers["content-type"].startswith("text/plain; version=0.0.4")
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for fam in text_string_to_metric_families(r.text) for s in fam.samples}
+    assert samples[("relax_rollout_replicas", ())] == 2
+    assert samples[("relax_weights_version", ())] == 3
+    assert samples[("relax_role_restarts_total", (("role", "rollout-0"),))] == 1
+    assert samples[("relax_role_restarts_total", (("role", "reward"),))] == 0
+    assert "# TYPE relax_role_restarts_total counter" in r.text
+    assert not any(name == "relax_staleness_mean" for name, _ in samples)  # unknown yet: left out, not 0
+
+
+def test_metrics_speak_openmetrics_when_asked(client):
+    r = client.get("/metrics", headers={**AUTH, "Accept": "application/openmetrics-text; version=1.0.0"})
+    assert r.headers["content-type"].startswith("application/openmetrics-text")
+    assert r.text.rstrip().endswith("# EOF")
 
 
 def test_server_thread_writes_a_private_token_and_answers(tmp_path, pool):
@@ -239,7 +254,6 @@ def test_forced_scale_in_removes_without_draining(client, pool):
 
 def test_relax_scale_cli_reads_the_run_dir_and_drives_every_operation(tmp_path, pool, capsys):
     import argparse
-    import json
 
     from relax.api import cli
 
@@ -270,7 +284,7 @@ def test_relax_scale_cli_reads_the_run_dir_and_drives_every_operation(tmp_path, 
         rc, body = relax_scale("status", body["request_id"])  # a scale-in id is found too
         assert rc == 0 and body["kind"] == "scale_in"
         rc, text = relax_scale("metrics")
-        assert rc == 0 and "relax_rollout_replicas 2" in text
+        assert rc == 0 and "relax_rollout_replicas 2.0" in text
         rc, text = relax_scale("in", "1")  # initial replicas stay: HTTP 400, exit 1
         assert rc == 1 and "HTTP 400" in text
         pool.hold["health"] = threading.Event()
@@ -422,3 +436,18 @@ def test_the_pool_is_walked_through_a_snapshot_while_the_api_adds_replicas(monke
     monkeypatch.setattr(pool_mod.ray, "available_resources", lambda: {"CPU": 5.0})
     assert p.capacity() == p.count() + 2  # 5 free CPUs, 2 per replica; GPU 0 is no constraint
     assert pool_mod.RayRolloutPool(lambda i: None, lambda h, i: None, queue=None).capacity() is None
+
+
+def test_every_metric_the_dashboard_queries_is_exported(pool):
+    """With every value the supervisor reports, the page exports exactly EXPORTED, and the dashboard queries
+    only those (tests/metrics/test_sinks_e2e.py checks the dashboard against a live run's page too)."""
+    from relax.api.prometheus import EXPORTED, METRICS, dashboard_metric_names, exported_names
+
+    full = {key: ({"actor": 1, "rollout-0": 2} if label else 1) for key, (_, _, _, label) in METRICS.items()}
+    full.pop("rollout_replicas"), full.pop("rollout_replicas_healthy"), full.pop("scale_operations")  # the app's own
+    manager = ScaleManager(pool)
+    with TestClient(create_app(manager, TOKEN, metrics=lambda: full)) as c:
+        text = c.get("/metrics", headers=AUTH).text
+    assert exported_names(text) == set(EXPORTED)
+    used = dashboard_metric_names()
+    assert len(used) >= 20 and used <= set(EXPORTED), used - set(EXPORTED)
