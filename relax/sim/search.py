@@ -40,11 +40,12 @@ def with_split(cfg: ExperimentConfig, rollout: int, actor: int) -> ExperimentCon
     return cfg.model_copy(update={"resources": res, "rollout": ro})
 
 
-def search_split(cfg: ExperimentConfig, simulate) -> dict:
-    """Simulate every candidate with `simulate(cfg) -> mean step time (s)`; the argmin and every candidate's time
-    (a candidate that does not fit, e.g. a replica too small for the KV cache, is listed with its error)."""
+def search_split(cfg: ExperimentConfig, simulate, candidates: list[tuple[int, int]] | None = None) -> dict:
+    """Simulate every candidate (default: split_candidates) with `simulate(cfg) -> mean step time (s)`; the
+    argmin and every candidate's time (a candidate that does not fit, e.g. a replica too small for the KV cache,
+    is listed with its error)."""
     rows = []
-    for rollout, actor in split_candidates(cfg):
+    for rollout, actor in candidates or split_candidates(cfg):
         try:
             t = simulate(with_split(cfg, rollout, actor))
             rows.append({"rollout_gpus": rollout, "actor_gpus": actor, "step_time_s": t})
