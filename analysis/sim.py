@@ -34,7 +34,7 @@ def gate_rows(res: dict) -> list[dict]:
     rows = []
     for name, e in res["gate"].items():
         b, mid = e["bands"], e["bands"]["mid"]
-        rows.append({"prediction": name, "published_s": e["published"],
+        rows.append({"prediction": name, "hardware": e.get("hardware", res["hardware"]), "published_s": e["published"],
                      "low_s": _fmt(b["low"]["step_time_s"]), "mid_s": _fmt(mid["step_time_s"]),
                      "high_s": _fmt(b["high"]["step_time_s"]),
                      "as_built_mid_s": _fmt(e.get("as_built_mid", {}).get("step_time_s")),
@@ -75,7 +75,9 @@ def calibrated_rows(res: dict) -> list[dict]:
 def _table(rows: list[dict], tables: Path, name: str, title: str, note: str) -> list[Path]:
     if not rows:
         return []
-    return write_table(rows, tables, name, f"{TAG}: {title}", note, columns=list(rows[0]))
+    columns = list(dict.fromkeys(k for r in rows for k in r))  # every row's keys, first-seen order
+    return write_table([{c: r.get(c) for c in columns} for r in rows], tables, name, f"{TAG}: {title}", note,
+                       columns=columns)
 
 
 def plot_gate(res: dict, path: Path) -> Path:

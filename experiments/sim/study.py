@@ -58,6 +58,7 @@ class Knobs:
     train_mfu: float | None = None
     decode_bw: float | None = None
     engine: bool = True  # the spec's engine model (inflight share + stream); False: the engine as built
+    hardware: str | None = None  # a profile other than the spec's (a gate entry's `hardware`)
 
 
 def _with_efficiency(hw: HardwareProfile, **values: float) -> HardwareProfile:
@@ -78,7 +79,7 @@ class Study:
     def simulation(self, cfg: ExperimentConfig, knobs: Knobs = Knobs(), lengths: str | None = None,
                    steps: int | None = None, record: bool = False) -> Simulation:
         cfg = cfg.model_copy(update={"steps": steps or self.spec["steps"]})
-        hw = self.hw
+        hw = load_hardware(knobs.hardware) if knobs.hardware else self.hw
         if knobs.train_mfu is not None:
             ratio = hw.efficiency.forward_mfu.value / hw.efficiency.train_mfu.value
             hw = _with_efficiency(hw, train_mfu=knobs.train_mfu, train_mfu_moe=knobs.train_mfu,
@@ -131,8 +132,10 @@ def gate(st: Study) -> dict:
         cfg = st.config(g["config"], g.get("overrides", []))
         entry = {"config": g["config"], "overrides": g.get("overrides", []), "published": _pub(g.get("published")),
                  "published_row": g.get("published"), "bands": {}}
+        entry["hardware"] = g.get("hardware", st.spec["hardware"])
         for band in st.spec["length_bands"]:
-            entry["bands"][band] = st.describe(cfg, Knobs(length_band=band), g.get("lengths"))
+            entry["bands"][band] = st.describe(cfg, Knobs(length_band=band, hardware=g.get("hardware")),
+                                               g.get("lengths"))
         if g["name"] in as_built:
             entry["as_built_mid"] = st.describe(cfg, Knobs(engine=False), g.get("lengths"))
         out[g["name"]] = entry
