@@ -81,6 +81,10 @@ def format_summary(s: dict, wall_s: float | None = None) -> str:
              "  trainer critical path (s): " + ", ".join(f"{c} {v:.1f}" for c, v in s["critical_path_s"].items()),
              f"  implied: train MFU {s['implied']['train_mfu']:.2f}, forward MFU {s['implied']['forward_mfu']:.2f}, "
              f"decode bandwidth efficiency {s['implied']['decode_bw_efficiency']:.2f}"
+             + (f"; effective: train MFU {s['implied']['effective_train_mfu']:.3f}, decode bandwidth "
+                f"{s['implied']['effective_decode_bw_efficiency']:.3f}"
+                if s['implied'].get('effective_train_mfu') is not None
+                and s['implied'].get('effective_decode_bw_efficiency') is not None else "")
              + (f", KV tokens/replica {s['implied']['kv_capacity_tokens_per_replica']}"
                 if s['implied'].get('kv_capacity_tokens_per_replica') else ""),
              f"  lengths: {s['lengths']}"]

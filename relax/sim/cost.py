@@ -74,6 +74,7 @@ class CostModel:
         self.replicas = cfg.rollout.replicas
         self.replica_devices = max(self.devices["rollout"] / self.replicas, 1e-9)
         self._decode_cache: dict = {}
+        self._touched_cache: dict = {}
         # What the work done implies, summed over a run (implied()): bytes decode steps read and the seconds of
         # engine calls; model FLOPs (3 passes, no recompute: the MFU convention) and seconds of training.
         self.acc = {"decode_bytes": 0.0, "generate_s": 0.0, "train_flops": 0.0, "train_s": 0.0}
@@ -168,18 +169,23 @@ class CostModel:
         self.acc["generate_s"] += out[0]
         return out
 
-    def _read(self, batch: int, context: float, steps: int) -> None:
-        """Count the bytes `steps` decode steps read (weights touched + every active request's KV)."""
-        s = self.shape
-        kv = s.kv_bytes_per_token(self.dtype_bytes)
-        self.acc["decode_bytes"] += steps * s.expert_params_touched(batch) * self.dtype_bytes \
-            + kv * (steps * context + batch * steps * (steps - 1) / 2)
+    def _touched(self, batch: int) -> float:
+        """Weight bytes one decode step of `batch` requests reads (cached per batch size)."""
+        w = self._touched_cache.get(batch)
+        if w is None:
+            w = self._touched_cache[batch] = self.shape.expert_params_touched(batch) * self.dtype_bytes
+        return w
+
+    def _count_reads(self, weight_bytes: float, kv_token_steps: float) -> None:
+        """Add one engine call's decode reads: weights touched, and KV tokens x steps (x bytes per KV token)."""
+        self.acc["decode_bytes"] += weight_bytes + kv_token_steps * self.shape.kv_bytes_per_token(self.dtype_bytes)
 
     def _generate_queued(self, requests, cap, max_run, over, arms) -> tuple[float, list[float]]:
         pending = deque(range(len(requests)))
         active: list[tuple[int, int]] = []  # (finish step, request)
         finish = [0.0] * len(requests)
         t, step, context, reserved = 0.0, 0, 0.0, 0.0
+        w_read, kv_read, touched = 0.0, 0.0, self._touched
         push, pop = heapq.heappush, heapq.heappop
         while pending or active:
             admitted = []
@@ -199,7 +205,8 @@ class CostModel:
             b = len(active)
             a, bm, c, dm = arms(b)
             t += _exact_sum_max(a + bm * context, bm * b, c + dm * context, dm * b, n_steps) + n_steps * over
-            self._read(b, context, n_steps)
+            w_read += n_steps * touched(b)
+            kv_read += n_steps * context + b * n_steps * (n_steps - 1) / 2
             context += b * n_steps
             step += n_steps
             while active and active[0][0] == step:
@@ -208,6 +215,7 @@ class CostModel:
                 finish[i] = t
                 context -= p + max(int(n), 1)
                 reserved -= p + n
+        self._count_reads(w_read, kv_read)
         return t, finish
 
     def _generate_all_admitted(self, requests, over, arms) -> tuple[float, list[float]]:
@@ -218,13 +226,15 @@ class CostModel:
         context = sum(p for p, _ in requests)
         finish = [0.0] * len(requests)
         step, b, j = 0, len(requests), 0
+        w_read, kv_read, touched = 0.0, 0.0, self._touched
         while j < len(order):
             end = max(int(requests[order[j]][1]), 1)
             n_steps = end - step
             if n_steps > 0:
                 a, bm, c, dm = arms(b)
                 t += _exact_sum_max(a + bm * context, bm * b, c + dm * context, dm * b, n_steps) + n_steps * over
-                self._read(b, context, n_steps)
+                w_read += n_steps * touched(b)
+                kv_read += n_steps * context + b * n_steps * (n_steps - 1) / 2
                 context += b * n_steps
                 step = end
             while j < len(order) and max(int(requests[order[j]][1]), 1) == step:
@@ -233,6 +243,7 @@ class CostModel:
                 context -= requests[i][0] + step
                 b -= 1
                 j += 1
+        self._count_reads(w_read, kv_read)
         return t, finish
 
     # --- training and forwards --------------------------------------------------------------------------
