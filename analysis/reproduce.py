@@ -38,6 +38,7 @@ STUDIES: list[tuple[str, list[str]]] = [
     ("algorithms", ["study", "algorithms"]),  # GRPO, GSPO, SAPO, OPD, PPO + Critic from the same warm-up
     ("omni", ["study", "omni"]),  # async vs colocate on the omni task (analysis/omni.py draws it)
     ("recovery", ["study", "recovery"]),  # kills (spare / cold rollout, reference, actor), DCS bench, elastic phases
+    ("sim", ["study", "sim"]),  # SIMULATED: 16xH800 predictions beside the paper, scaling, staleness, split (~1 min)
 ]
 # Reference folders measured by a separate command (too CPU-heavy for reproduce-fig), kept by --update-reference:
 # smollm2/ = SmolLM2-135M-Instruct before/after GRPO (experiments/async/cpu-smollm2.yaml; see its README.md).

@@ -15,6 +15,7 @@ STUDIES = {
     "algorithms": "experiments.algorithms.study",  # GRPO, GSPO, SAPO, OPD, PPO + Critic from one warm-up
     "omni": "experiments.omni.study",  # async vs colocate on the omni task
     "recovery": "experiments.recovery.study",  # kills, DCS bench, elastic phases
+    "sim": "experiments.sim.study",  # SIMULATED: the paper's 16xH800 numbers and beyond (cost model + SimPy)
 }
 BENCHES = {
     "dcs": "experiments.recovery.dcs_bench",  # DCS weight sync against a raw gloo broadcast

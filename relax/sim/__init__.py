@@ -14,8 +14,10 @@ from relax.config import ExperimentConfig
 
 
 def build(cfg: ExperimentConfig, hardware: str, band: str = "mid", recompute: bool = False,
-          lengths: str | None = None, record: bool = True):
-    """A ready-to-run Simulation of `cfg` on `hardware` (a profile name or YAML path)."""
+          lengths: str | None = None, record: bool = True, length_band: str | None = None, **sim_options):
+    """A ready-to-run Simulation of `cfg` on `hardware` (a profile name or YAML path). `length_band` takes the
+    length model's band apart from the hardware's (default: `band`); `sim_options` are SimOptions' simulator-side
+    engine behaviours (stream_groups, inflight_groups)."""
     from relax.sim.cost import CostModel, SimOptions
     from relax.sim.hardware import load_hardware
     from relax.sim.lengths import fit_run, length_model
@@ -23,7 +25,8 @@ def build(cfg: ExperimentConfig, hardware: str, band: str = "mid", recompute: bo
     from relax.sim.sim import Simulation
 
     hw = load_hardware(hardware)
-    cost = CostModel(cfg, model_shape(cfg), hw, SimOptions(band=band, recompute=recompute))
+    cost = CostModel(cfg, model_shape(cfg), hw, SimOptions(band=band, recompute=recompute, **sim_options))
+    band = length_band or band
     if lengths and not str(lengths).endswith((".yaml", ".yml")):
         from relax.sim.lengths import length_model as _lm
 

@@ -22,6 +22,14 @@ def register(sub) -> None:
                    help="which end of each sourced band to take (efficiencies, overheads, lengths)")
     p.add_argument("--lengths", help="a length file (YAML) or a run folder to fit the response lengths to")
     p.add_argument("--recompute", action="store_true", help="full activation recompute in training")
+    p.add_argument("--length-band", choices=["low", "mid", "high"], help="the length model's band apart from "
+                   "--band's (default: --band)")
+    p.add_argument("--stream", action="store_true", help="simulator-side: a group lands when its last response "
+                   "finishes, not when the engine call ends (the engine does not do this yet: issue 15)")
+    p.add_argument("--inflight", type=int, metavar="GROUPS", help="simulator-side: groups one replica keeps in "
+                   "its engine at once (default: rollout.chunk_groups)")
+    p.add_argument("--search", choices=["split"], help="split: simulate every rollout:actor GPU split of the "
+                   "cluster and print the fastest (writes no run folder)")
     p.add_argument("--out", default="results", help="results root (default: results)")
     p.add_argument("--run", help="run folder name (default: timestamp)")
     p.add_argument("--no-write", action="store_true", help="print only, write no run folder")
@@ -40,8 +48,12 @@ def main(args) -> int:
     overrides = list(args.overrides) + ([f"steps={args.steps}"] if args.steps is not None else [])
     cfg = load_config(args.config, overrides)
     hardware = args.hardware or ("h800" if cfg.profile.startswith("h800") else cfg.profile)
+    opts = dict(band=args.band, recompute=args.recompute, lengths=args.lengths, length_band=args.length_band,
+                stream_groups=args.stream, inflight_groups=args.inflight)
+    if args.search == "split":
+        return _search_split(cfg, hardware, opts, args.json)
     t0 = time.perf_counter()
-    sim = build(cfg, hardware, band=args.band, recompute=args.recompute, lengths=args.lengths).run()
+    sim = build(cfg, hardware, **opts).run()
     wall = time.perf_counter() - t0
     hw_name, devices = sim.cost.hw.name, devices_label(cfg, sim.cost.hw)
     if args.no_write:
@@ -69,9 +81,30 @@ def format_summary(s: dict, wall_s: float | None = None) -> str:
              "  trainer critical path (s): " + ", ".join(f"{c} {v:.1f}" for c, v in s["critical_path_s"].items()),
              f"  implied: train MFU {s['implied']['train_mfu']:.2f}, forward MFU {s['implied']['forward_mfu']:.2f}, "
              f"decode bandwidth efficiency {s['implied']['decode_bw_efficiency']:.2f}"
+             + (f"; effective: train MFU {s['implied']['effective_train_mfu']:.3f}, decode bandwidth "
+                f"{s['implied']['effective_decode_bw_efficiency']:.3f}"
+                if s['implied'].get('effective_train_mfu') is not None
+                and s['implied'].get('effective_decode_bw_efficiency') is not None else "")
              + (f", KV tokens/replica {s['implied']['kv_capacity_tokens_per_replica']}"
                 if s['implied'].get('kv_capacity_tokens_per_replica') else ""),
              f"  lengths: {s['lengths']}"]
     if wall_s is not None:
         lines.append(f"  (simulated {s['steps']} steps in {wall_s:.2f} s)")
     return "\n".join(lines)
+
+
+def _search_split(cfg, hardware: str, opts: dict, as_json: bool) -> int:
+    from relax.sim import build
+    from relax.sim.output import mean_step_time
+    from relax.sim.search import search_split
+
+    res = search_split(cfg, lambda c: mean_step_time(build(c, hardware, record=False, **opts).run()))
+    if as_json:
+        print(json.dumps(res, indent=2))
+        return 0
+    print(f"SIMULATED split search on {hardware} ({cfg.name}/{cfg.profile}; reference and actor_fwd fixed)")
+    for r in res["candidates"]:
+        mark = "  <- best" if r is res["best"] else ""
+        t = f"{r['step_time_s']:.1f} s/step" if r["step_time_s"] is not None else f"does not fit: {r['error']}"
+        print(f"  rollout {r['rollout_gpus']:>4} : actor {r['actor_gpus']:>4} GPUs   {t}{mark}")
+    return 0

@@ -9,7 +9,10 @@ causal attention, at prefill efficiency.
 
 Training: 6 x active params x tokens plus causal attention (6 x layers x heads x head_dim x L^2 per sequence),
 x 4/3 with full activation recompute, over devices x peak x MFU, stretched by the pipeline bubble; the step ends
-with the data-parallel gradient all-reduce over the link and the optimizer's memory traffic. Log-prob forwards:
+with the data-parallel gradient all-reduce over the link and the optimizer's memory traffic. The layout adds, not
+overlapped with compute: tensor-parallel activation collectives (sequence parallel: an all-gather and a
+reduce-scatter per attention and per MLP block, each pass) over NVLink and, for MoE with expert parallelism, the
+token dispatch + combine all-to-alls per layer and pass. Log-prob forwards:
 a third of that (2 N and a forward's attention) at forward_mfu. Weight sync: the bf16 weights over the link
 between the pools plus the engine's pause/flush. Colocate: sleep/wake moves the engine's weights over the host
 link, plus a fixed part.
@@ -31,6 +34,9 @@ from relax.sim.shapes import ModelShape
 class SimOptions:
     band: str = "mid"  # low | mid | high: which end of each sourced band (efficiencies, overheads)
     recompute: bool = False  # full activation recompute in training (Megatron --recompute-granularity full)
+    # Simulator-side engine behaviour (no engine field does this yet; issue 15 plans the engine's versions):
+    stream_groups: bool = False  # a group lands on the bus when its last response finishes, not at the call's end
+    inflight_groups: int | None = None  # groups one replica keeps in its engine at once (None: rollout.chunk_groups)
 
 
 def _exact_sum_max(a: float, b: float, c: float, d: float, n: int) -> float:
@@ -68,6 +74,10 @@ class CostModel:
         self.replicas = cfg.rollout.replicas
         self.replica_devices = max(self.devices["rollout"] / self.replicas, 1e-9)
         self._decode_cache: dict = {}
+        self._touched_cache: dict = {}
+        # What the work done implies, summed over a run (implied()): bytes decode steps read and the seconds of
+        # engine calls; model FLOPs (3 passes, no recompute: the MFU convention) and seconds of training.
+        self.acc = {"decode_bytes": 0.0, "generate_s": 0.0, "train_flops": 0.0, "train_s": 0.0}
         self._check_fits()
 
     # --- layout -------------------------------------------------------------------------------------------
@@ -153,14 +163,29 @@ class CostModel:
         max_run = int(self.hw.rollout.max_running_requests.at(self.b))
         over, arms = self.step_overhead, self.decode_arms
         if len(requests) <= max_run and sum(p + n for p, n in requests) <= cap:
-            return self._generate_all_admitted(requests, over, arms)
-        return self._generate_queued(requests, cap, max_run, over, arms)
+            out = self._generate_all_admitted(requests, over, arms)
+        else:
+            out = self._generate_queued(requests, cap, max_run, over, arms)
+        self.acc["generate_s"] += out[0]
+        return out
+
+    def _touched(self, batch: int) -> float:
+        """Weight bytes one decode step of `batch` requests reads (cached per batch size)."""
+        w = self._touched_cache.get(batch)
+        if w is None:
+            w = self._touched_cache[batch] = self.shape.expert_params_touched(batch) * self.dtype_bytes
+        return w
+
+    def _count_reads(self, weight_bytes: float, kv_token_steps: float) -> None:
+        """Add one engine call's decode reads: weights touched, and KV tokens x steps (x bytes per KV token)."""
+        self.acc["decode_bytes"] += weight_bytes + kv_token_steps * self.shape.kv_bytes_per_token(self.dtype_bytes)
 
     def _generate_queued(self, requests, cap, max_run, over, arms) -> tuple[float, list[float]]:
         pending = deque(range(len(requests)))
         active: list[tuple[int, int]] = []  # (finish step, request)
         finish = [0.0] * len(requests)
         t, step, context, reserved = 0.0, 0, 0.0, 0.0
+        w_read, kv_read, touched = 0.0, 0.0, self._touched
         push, pop = heapq.heappush, heapq.heappop
         while pending or active:
             admitted = []
@@ -180,6 +205,8 @@ class CostModel:
             b = len(active)
             a, bm, c, dm = arms(b)
             t += _exact_sum_max(a + bm * context, bm * b, c + dm * context, dm * b, n_steps) + n_steps * over
+            w_read += n_steps * touched(b)
+            kv_read += n_steps * context + b * n_steps * (n_steps - 1) / 2
             context += b * n_steps
             step += n_steps
             while active and active[0][0] == step:
@@ -188,6 +215,7 @@ class CostModel:
                 finish[i] = t
                 context -= p + max(int(n), 1)
                 reserved -= p + n
+        self._count_reads(w_read, kv_read)
         return t, finish
 
     def _generate_all_admitted(self, requests, over, arms) -> tuple[float, list[float]]:
@@ -198,12 +226,15 @@ class CostModel:
         context = sum(p for p, _ in requests)
         finish = [0.0] * len(requests)
         step, b, j = 0, len(requests), 0
+        w_read, kv_read, touched = 0.0, 0.0, self._touched
         while j < len(order):
             end = max(int(requests[order[j]][1]), 1)
             n_steps = end - step
             if n_steps > 0:
                 a, bm, c, dm = arms(b)
                 t += _exact_sum_max(a + bm * context, bm * b, c + dm * context, dm * b, n_steps) + n_steps * over
+                w_read += n_steps * touched(b)
+                kv_read += n_steps * context + b * n_steps * (n_steps - 1) / 2
                 context += b * n_steps
                 step = end
             while j < len(order) and max(int(requests[order[j]][1]), 1) == step:
@@ -212,6 +243,7 @@ class CostModel:
                 context -= requests[i][0] + step
                 b -= 1
                 j += 1
+        self._count_reads(w_read, kv_read)
         return t, finish
 
     # --- training and forwards --------------------------------------------------------------------------
@@ -234,11 +266,40 @@ class CostModel:
         passes = 4.0 if self.opt.recompute else 3.0
         mfu = self.eff["train_mfu_moe" if self.shape.moe else "train_mfu"]
         t = self._flops(tokens, sumsq, passes) / (self.role_devices("actor") * self.peak * mfu)
-        return t * self.pipeline_stretch("actor", micro_batches_per_step) + self._fixed("train_micro_batch_s")
+        t += self.layout_comm_time(tokens, passes, "actor")
+        t = t * self.pipeline_stretch("actor", micro_batches_per_step) + self._fixed("train_micro_batch_s")
+        self.acc["train_flops"] += self._flops(tokens, sumsq, 3.0)
+        self.acc["train_s"] += t
+        return t
 
     def forward_time(self, tokens: float, sumsq: float, role: str) -> float:
         return self._flops(tokens, sumsq, 1.0) / (self.role_devices(role) * self.peak * self.eff["forward_mfu"]) \
-            + self._fixed("forward_call_s")
+            + self.layout_comm_time(tokens, 1.0, role) + self._fixed("forward_call_s")
+
+    def layout_comm_time(self, tokens: float, passes: float, role: str) -> float:
+        """Seconds of the layout's collectives for `tokens` tokens over `passes` passes (forward 1, backward 2,
+        recompute 1 more): TP moves each layer's activations 4 times a pass ((tp-1)/tp of tokens x hidden bf16
+        per rank, tokens split over DP and PP stages); EP sends each token's top-k copies out and back. Intra-node
+        when the model-parallel group fits a node (it must for TP), else over the inter-node link."""
+        if self.hw.kind != "gpu":
+            return 0.0
+        p, s = self._parallel(role), self.shape
+        dp = max(int(self.role_devices(role)) // p.model_parallel, 1)
+        layers = s.num_layers / p.pipeline  # a rank's stage
+        per_rank = tokens / dp  # every TP rank of a DP replica sees all of its tokens (sequence parallel splits them)
+        t, lat = 0.0, self.hw.links.latency_s.at(self.b)
+        if p.tensor > 1:
+            bw = self.hw.links.intra_node.at(self.b) * self.eff["link"]
+            vol = 4 * layers * per_rank * s.hidden_size * self.train_bytes * (p.tensor - 1) / p.tensor
+            t += passes * (vol / bw + 4 * layers * lat)
+        if s.moe and p.expert > 1:
+            raw = self.hw.links.intra_node if p.expert * p.etp <= self.per_node else self.hw.links.inter_node
+            bw = raw.at(self.b) * self.eff["link"]
+            # the tokens of one EP group (split over its TP ranks), each top-k times, dispatched and combined
+            vol = 2 * layers * per_rank / p.tensor * s.experts_per_token * s.hidden_size * self.train_bytes \
+                * (p.expert - 1) / p.expert
+            t += passes * (vol / bw + 2 * layers * lat)
+        return t
 
     def _fixed(self, name: str) -> float:
         v = getattr(self.hw.overheads, name)
@@ -308,7 +369,17 @@ class CostModel:
 
     # --- what a reader judges the prediction by -----------------------------------------------------------
     def implied(self) -> dict:
-        return {"train_mfu": self.eff["train_mfu_moe" if self.shape.moe else "train_mfu"],
+        """The assumed efficiencies, and what the simulated work implies: `effective_train_mfu` = model FLOPs
+        (6N + attention, no recompute) / (actor devices x peak x training seconds: after recompute, layout
+        collectives and pipeline bubble); `effective_decode_bw_efficiency` = bytes decode steps read / (replica
+        devices x peak bandwidth x engine-call seconds: after prefill, step overheads and compute-bound steps)."""
+        a, g = self.acc, self.hw.kind == "gpu"
+        eff_mfu = a["train_flops"] / (self.devices["actor"] * self.peak * a["train_s"]) if a["train_s"] and g else None
+        eff_bw = a["decode_bytes"] / (self.replica_devices * self.bw * a["generate_s"]) if a["generate_s"] and g \
+            else None
+        return {"effective_train_mfu": None if eff_mfu is None else round(eff_mfu, 4),
+                "effective_decode_bw_efficiency": None if eff_bw is None else round(eff_bw, 4),
+                "train_mfu": self.eff["train_mfu_moe" if self.shape.moe else "train_mfu"],
                 "forward_mfu": self.eff["forward_mfu"], "decode_bw_efficiency": self.eff["decode_bw"],
                 "kv_capacity_tokens_per_replica": round(self.kv_capacity_tokens()) if self.hw.kind == "gpu" else None,
                 "params_total": self.shape.total_params, "params_active": self.shape.active_params,

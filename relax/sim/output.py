@@ -76,6 +76,14 @@ def utilisation(sim: Simulation) -> dict[str, float]:
     return {r: round(sum(v) / (reps if r == "rollout" else len(v)), 4) for r, v in per_role.items()}
 
 
+def mean_step_time(sim: Simulation) -> float:
+    """Mean step time past the first step (the pipeline's fill), as summarize() counts it; needs no spans."""
+    ends = [sim.step_end[k] for k in range(sim.steps)]
+    if len(ends) == 1:
+        return ends[0]
+    return (ends[-1] - ends[0]) / (len(ends) - 1)
+
+
 def summarize(sim: Simulation, rows: list[dict], hardware: str, devices: str) -> dict:
     cfg, cost = sim.cfg, sim.cost
     train_s = rows[-1]["wall_time_s"]

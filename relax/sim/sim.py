@@ -139,6 +139,7 @@ class Simulation:
         self.has_fwd = cfg.algorithm.old_log_probs == "actor_fwd" and cfg.schedule == "relax"
         self.loaded = [0] * cfg.rollout.replicas  # weight version each replica holds
         self.next_group = [0] * self.steps  # the GroupQueue: next group of each partition never handed out
+        self.chunk = cost.opt.inflight_groups or cfg.rollout.chunk_groups  # groups per engine call
         hw = cost.hw
         self.cores = simpy.Container(self.env, capacity=int(hw.device.per_node.value),
                                      init=int(hw.device.per_node.value)) if hw.kind == "cpu" else None
@@ -172,7 +173,7 @@ class Simulation:
         for j in range(upto + 1):
             lo = self.next_group[j]
             if lo < self.P:
-                hi = min(self.P, lo + self.cfg.rollout.chunk_groups)
+                hi = min(self.P, lo + self.chunk)
                 self.next_group[j] = hi
                 return j, list(range(lo, hi))
         return None
@@ -180,7 +181,10 @@ class Simulation:
     def generate_chunk(self, r: int, k: int, groups: list[int]):
         """One engine call on replica r, then the put of its rows."""
         t0 = self.env.now
-        dur, _ = self.cost.generate([(self.prompt, x) for g in groups for x in self.resp[k][g]])
+        dur, fin = self.cost.generate([(self.prompt, x) for g in groups for x in self.resp[k][g]])
+        if self.cost.opt.stream_groups and self.cores is None:
+            yield from self.stream_chunk(r, k, groups, t0, dur, fin)
+            return
         rows, nbytes = self.rows_bytes(k, groups)
         yield from self.busy("rollout", dur + self.cost.bus_time(rows, nbytes))
         for g in groups:
@@ -188,6 +192,24 @@ class Simulation:
         self.order[k].extend(groups)
         self.span("rollout", "generate", k, t0, groups=len(groups), replica=r)
         self.fields["generated"].add(k, len(groups))
+
+    def stream_chunk(self, r: int, k: int, groups: list[int], t0: float, dur: float, fin: list[float]):
+        """SimOptions.stream_groups: each group's rows are put when its last response finishes (its own bus
+        time after that), while the engine goes on with the rest of the call."""
+        G, ends = self.G, []
+        for i, g in enumerate(groups):
+            ends.append((max(fin[i * G:(i + 1) * G]), g))
+        for end, g in sorted(ends):
+            rows, nbytes = self.rows_bytes(k, [g])
+            wait = t0 + end + self.cost.bus_time(rows, nbytes) - self.env.now
+            if wait > 0:
+                yield self.env.timeout(wait)
+            self.group_version[k][g] = self.loaded[r]
+            self.order[k].append(g)
+            self.fields["generated"].add(k, 1)
+        if t0 + dur > self.env.now:
+            yield self.env.timeout(t0 + dur - self.env.now)
+        self.span("rollout", "generate", k, t0, groups=len(groups), replica=r)
 
     def load_weights(self, r: int, step: int, min_version: int | None = None):
         """Replica r loads the newest version (waiting for `min_version` first when given)."""

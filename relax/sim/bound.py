@@ -1,0 +1,48 @@
+"""The physics limit of a configuration: what each pool's work per step costs at its best, with no schedule.
+
+- rollout: every response token of a step decoded at the replica's best steady batch (max_running_requests or
+  what the KV cache holds at the mean reservation), each request at its token-weighted mean context, plus the
+  step's prefill; the pool's replicas split the work evenly (no tail, no waiting).
+- actor: training every sequence of the step (FLOPs at MFU, layout collectives, bubble) and the optimizer.
+- reference / actor_fwd: one forward over every sequence on their own devices.
+A separate-pool schedule cannot beat the slowest pool; a colocated one runs them one after another on the same
+devices, so its limit is their sum (plus sleep/wake). Throughput limit = samples per step / that time.
+"""
+
+from __future__ import annotations
+
+from relax.sim.sim import Simulation
+
+
+def pool_limits(sim: Simulation, step: int = 0) -> dict:
+    c, cfg = sim.cost, sim.cfg
+    saved = dict(c.acc)  # pricing the limit is not simulated work: implied() must not count it
+    resp = [x for g in sim.resp[step] for x in g]
+    p = sim.prompt
+    n_mean = sum(resp) / len(resp)
+    ctx = p + sum(x * x for x in resp) / (2 * sum(resp))  # a decoded token's mean context
+    cap = c.kv_capacity_tokens() if c.hw.kind == "gpu" else float("inf")
+    batch = int(max(1, min(c.hw.rollout.max_running_requests.at(c.b), cap // (p + n_mean))))
+    a, bm, cc, dm = c.decode_arms(batch)
+    step_s = max(a + bm * batch * ctx, cc + dm * batch * ctx) + c.step_overhead
+    rate = batch / step_s * c.replicas  # tokens/s of the pool
+    prefill = c.prefill_time([p] * len(resp)) / c.replicas
+    tok, sq = sim.tokens(step, range(sim.P))
+    m = sim.expected_micro_batches(step)
+    limits = {"rollout": sum(resp) / rate + prefill,
+              "actor": c.train_time(tok, sq, m) + c.optimizer_time()}
+    if sim.has_ref:
+        limits["reference"] = c.forward_time(tok, sq, "reference")
+    if sim.has_fwd:
+        limits["actor_fwd"] = c.forward_time(tok, sq, "actor_fwd")
+    if cfg.mode == "colocate":
+        bound = sum(limits.values()) + c.sleep_time() + c.wake_time()
+        slowest = "all pools in turn (shared devices)"
+    else:
+        slowest = max(limits, key=limits.get)
+        bound = limits[slowest]
+    samples = sim.P * sim.G
+    c.acc.update(saved)
+    return {"limits_s": {k: round(v, 3) for k, v in limits.items()}, "bound_step_s": round(bound, 3),
+            "slowest_pool": slowest, "bound_samples_per_s": round(samples / bound, 4),
+            "rollout_tokens_per_s_limit": round(rate, 1), "rollout_best_batch": batch}
