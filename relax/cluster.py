@@ -56,13 +56,13 @@ class RaySession:
         return self
 
     def _init_local(self) -> None:
-        for attempt in range(3):
+        for attempt in range(5):
             try:
                 ray.init(num_cpus=self.num_cpus, num_gpus=self.num_gpus, include_dashboard=False,
                          _temp_dir=self.temp_dir, logging_level=logging.WARNING, log_to_driver=True)
                 break
             except Exception as err:  # Ray gives its raylet 30 s to come up: too short on an overloaded host
-                if "timed out during startup" not in str(err) or attempt == 2:
+                if "timed out during startup" not in str(err) or attempt == 4:
                     raise
                 log.warning("ray.init: the node timed out during startup (host overloaded); trying again")
                 ray.shutdown()
