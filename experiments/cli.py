@@ -16,7 +16,10 @@ STUDIES = {
     "omni": "experiments.omni.study",  # async vs colocate on the omni task
     "recovery": "experiments.recovery.study",  # kills, DCS bench, elastic phases
 }
-BENCHES = {"dcs": "experiments.recovery.dcs_bench"}  # DCS weight sync against a raw gloo broadcast
+BENCHES = {
+    "dcs": "experiments.recovery.dcs_bench",  # DCS weight sync against a raw gloo broadcast
+    "bus": "experiments.bus.bench",  # bus put/get throughput against memcpy and Ray's object store
+}
 
 
 def run_study(module: str, prog: str, argv: list[str]) -> int:
@@ -43,4 +46,5 @@ def register_study(subparsers) -> None:
 
 
 def register_bench(subparsers) -> None:
-    _register(subparsers, "bench", BENCHES, "a micro-benchmark (dcs: weight sync against the raw broadcast)")
+    _register(subparsers, "bench", BENCHES, "a micro-benchmark (dcs: weight sync against the raw broadcast; "
+              "bus: put/get throughput)")
