@@ -20,6 +20,7 @@ STUDIES = {
 BENCHES = {
     "dcs": "experiments.recovery.dcs_bench",  # DCS weight sync against a raw gloo broadcast
     "streaming": "experiments.streaming.bench",  # continuous batching against chunked generate
+    "bus": "experiments.bus.bench",  # bus put/get throughput against memcpy and Ray's object store
 }
 
 
@@ -47,4 +48,5 @@ def register_study(subparsers) -> None:
 
 
 def register_bench(subparsers) -> None:
-    _register(subparsers, "bench", BENCHES, "a micro-benchmark (dcs: weight sync against the raw broadcast)")
+    _register(subparsers, "bench", BENCHES, "a micro-benchmark (dcs: weight sync against the raw broadcast; "
+              "bus: put/get throughput)")

@@ -74,12 +74,11 @@ def spawn(config: str | Path, overrides: list[str] = (), out: Path = ROOT / "res
           steps: int | None = None, log: Path | None = None, api_port: int | None = None,
           cwd: Path | None = None) -> Spawned:
     """`python -m relax.cli run CONFIG OVERRIDES --out OUT --run RUN --no-progress` as a child process in `cwd`
-    (default: this one; this checkout first on its PYTHONPATH, Ray's token auth off as for a local run), its
-    console to `log`. CONFIG and OUT are as that process sees them."""
+    (default: this one; this checkout first on its PYTHONPATH), its console to `log`. CONFIG and OUT are as that process sees them."""
     cmd = [sys.executable, "-m", "relax.cli", "run", str(config), *overrides, "--out", str(out), "--run", run,
            "--no-progress", *(["--steps", str(steps)] if steps else []),
            *(["--api-port", str(api_port)] if api_port is not None else [])]
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled",
+    env = {**os.environ,
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
     log_file = open(log or os.devnull, "w")
     load = HostLoad().__enter__()

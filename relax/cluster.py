@@ -1,20 +1,35 @@
 """The Ray cluster a run uses: the one place Ray is started (`RaySession`).
 
-Local by default: a private instance in its own temp dir, always shut down. With RAY_ADDRESS set, a cluster
-started with `ray start`, joined as a driver and left running.
+Local by default: a private instance in its own temp dir, always shut down, closed to the network: every Ray
+process listens on 127.0.0.1 only and Ray's token authentication is on (a token private to this driver
+process, never written to disk). With RAY_ADDRESS set, a cluster started with `ray start`, joined as a driver
+and left running: its addresses, ports and token are the cluster's (README, "Network exposure").
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import secrets
 import shutil
 import tempfile
 from dataclasses import dataclass, field
 
 import ray
 
+from relax.loopback import is_loopback
+
 log = logging.getLogger(__name__)
+
+# One token per driver process: Ray's C++ token loader caches the first token it reads, so every local session
+# of this process uses the same one. Ray's processes inherit it through the environment.
+_TOKEN = secrets.token_hex(32)
+# Ray >= 2.5x binds its gRPC servers, agents and metrics port to the node IP (loopback ones to loopback only),
+# but ray.init turns a loopback `_node_ip_address` into the machine's address. Only this switch (read by
+# ray._private.services.get_node_ip_address, the driver's copy and, through the environment, Ray's own
+# processes') makes a local node's IP 127.0.0.1.
+_LOOPBACK_VAR = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+_SET_FOR_LOCAL = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", _LOOPBACK_VAR)
 
 
 @dataclass
@@ -32,20 +47,59 @@ class RaySession:
         if self.address:
             ray.init(address=self.address, logging_level=logging.WARNING, log_to_driver=True)
             return self
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # no token written under ~/.ray for a local run
-        for attempt in range(3):
+        self._closed_to_network()
+        try:
+            self._init_local()
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def _init_local(self) -> None:
+        for attempt in range(5):
             try:
                 ray.init(num_cpus=self.num_cpus, num_gpus=self.num_gpus, include_dashboard=False,
                          _temp_dir=self.temp_dir, logging_level=logging.WARNING, log_to_driver=True)
-                return self
+                break
             except Exception as err:  # Ray gives its raylet 30 s to come up: too short on an overloaded host
-                if "timed out during startup" not in str(err) or attempt == 2:
+                if "timed out during startup" not in str(err) or attempt == 4:
                     raise
                 log.warning("ray.init: the node timed out during startup (host overloaded); trying again")
                 ray.shutdown()
-        return self
+        node_ip = ray.util.get_node_ip_address()
+        if not is_loopback(node_ip):  # a Ray upgrade that ignores the switch must not open the run silently
+            raise RuntimeError(f"ray.init: the local node took address {node_ip}, not loopback; refusing to run "
+                               f"a local Ray reachable from the network")
+
+    def _closed_to_network(self) -> None:
+        """Loopback only and token auth on, for this session; `__exit__` puts the environment back."""
+        from ray._private import ray_constants
+        from ray._raylet import Config
+
+        self._saved_env = {k: os.environ.get(k) for k in _SET_FOR_LOCAL}
+        self._saved_cluster_flag = ray_constants.ENABLE_RAY_CLUSTER
+        mode = os.environ.get("RAY_AUTH_MODE")
+        if mode not in (None, "token"):
+            log.warning("RAY_AUTH_MODE=%s ignored: a local run keeps Ray's token authentication on", mode)
+        os.environ["RAY_AUTH_MODE"] = "token"
+        Config.initialize("")  # the driver read RAY_AUTH_MODE at import; reload it (as ray.init does for its default)
+        if not os.environ.get("RAY_AUTH_TOKEN_PATH"):  # a token file the user named is theirs to keep
+            os.environ.setdefault("RAY_AUTH_TOKEN", _TOKEN)
+        os.environ[_LOOPBACK_VAR] = "0"
+        ray_constants.ENABLE_RAY_CLUSTER = False  # the driver's copy, read at import
 
     def __exit__(self, *exc):
         ray.shutdown()
+        if not self.address:
+            from ray._private import ray_constants
+            from ray._raylet import Config
+
+            for k, v in self._saved_env.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+            ray_constants.ENABLE_RAY_CLUSTER = self._saved_cluster_flag
+            Config.initialize("")
         shutil.rmtree(self.temp_dir, ignore_errors=True)
 

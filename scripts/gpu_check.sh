@@ -34,7 +34,7 @@ fi
 OUT=$(mktemp -d)
 WHEELS=${WHEELS:-$ROOT/wheels}
 export PYTHONPATH="$ROOT:$OUT/site${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-export RAY_AUTH_MODE=disabled TOKENIZERS_PARALLELISM=false PIP_NO_INDEX=1 PYTHONWARNINGS=ignore
+export TOKENIZERS_PARALLELISM=false PIP_NO_INDEX=1 PYTHONWARNINGS=ignore
 T0=$(date +%s)
 echo "== relax gpu_check: $(date -u +%FT%TZ) python=$PY"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo "nvidia-smi: not found"

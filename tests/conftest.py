@@ -4,7 +4,6 @@ import pytest
 
 # Never touch the network, and keep caches (warm-up weights, converted models) inside the test session.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 
 @pytest.fixture(scope="session", autouse=True)

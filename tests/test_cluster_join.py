@@ -3,6 +3,7 @@
 
 import json
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -31,7 +32,8 @@ print(json.dumps({"after": ray.is_initialized()}))
 
 def test_ray_session_joins_the_cluster_named_by_ray_address():
     temp = tempfile.mkdtemp(prefix="relax-join-", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
-    env = dict(os.environ, RAY_AUTH_MODE="disabled", PYTHONPATH=str(ROOT))
+    # a cluster with Ray's token auth on, its token shared by the head and the driver (README, "Network exposure")
+    env = dict(os.environ, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32), PYTHONPATH=str(ROOT))
     env.pop("RAY_ADDRESS", None)
     head = subprocess.Popen([sys.executable, "-c", HEAD, temp], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True, env=env)

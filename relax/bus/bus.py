@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import dataclass, field
 
 import ray
 import torch
@@ -57,12 +58,55 @@ def _int_ids(rows: dict[str, Value], name: str, n: int) -> torch.Tensor:
     return ids
 
 
+@dataclass
+class _Put:
+    """One caller's put_rows, waiting to be sent with the other puts of this process (`Bus._lead`)."""
+
+    step: int
+    rows: dict[str, Value]
+    td: object  # its TensorDict
+    kinds: tuple  # what must match for two puts to travel as one (fields, tensor or list, dtype, trailing shape)
+    n: int
+    timeout: float | None
+    wake: threading.Event = field(default_factory=threading.Event)
+    promoted: bool = False  # woken to take over sending
+    indexes: list[int] | None = None
+    error: BaseException | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.indexes is not None or self.error is not None
+
+
+def _kinds(rows: dict[str, Value]) -> tuple:
+    def kind(v):
+        t = v if isinstance(v, torch.Tensor) else v[0]
+        return (isinstance(v, torch.Tensor), type(t).__name__, getattr(t, "dtype", None),
+                tuple(t.shape[1:]) if isinstance(t, torch.Tensor) else None)
+
+    return tuple(sorted((k, kind(v)) for k, v in rows.items()))
+
+
+def _merge(puts: list[_Put]) -> dict[str, Value]:
+    """The rows of `puts`, one after the other (their fields match: `_Put.kinds`)."""
+    out = {}
+    for k, v in puts[0].rows.items():
+        parts = [p.rows[k] for p in puts]
+        out[k] = torch.cat(parts) if isinstance(v, torch.Tensor) else [x for part in parts for x in part]
+    return out
+
+
 class Bus:
     def __init__(self, coordinator, group_size: int, capacity_rows: int):
         self._coord = coordinator
         self.group_size = group_size
         self.capacity_rows = capacity_rows
         self._client = None
+        # Group commit: puts made while this process is sending go out together as one reservation, one TQ
+        # metadata request and one TQ put (each a round trip), each keeping its own sequence number.
+        self._puts: list[_Put] = []
+        self._puts_lock = threading.Lock()
+        self._sending = False
 
     def __reduce__(self):
         # The TQ client (sockets, a loop thread) stays behind; the receiving process opens its own.
@@ -147,16 +191,73 @@ class Bus:
             raise ValueError("put_rows: two groups share a 'group_id'")
         if len(set(sample_ids.tolist())) != n:
             raise ValueError("put_rows: 'sample_id' values must be unique")
-        td = to_tensordict(rows)
+        td = to_tensordict(rows)  # a bad value fails here, in its caller, before anything is sent
+        if n > self.capacity_rows:
+            raise ValueError(f"put_rows: {n} rows can never fit in bus.capacity_rows={self.capacity_rows}")
+        put = _Put(step, rows, td, _kinds(rows), n, timeout)
+        with self._puts_lock:
+            self._puts.append(put)
+            lead, self._sending = not self._sending, True
+        if lead:
+            self._lead(put)
+        while not put.finished:
+            put.wake.wait()
+            put.wake.clear()
+            if put.promoted:
+                put.promoted = False
+                self._lead(put)
+        if put.error is not None:
+            raise put.error
+        return put.indexes
 
-        seq = _get(self._coord.reserve.remote(step, n, timeout))
+    def _lead(self, own: _Put) -> None:
+        """Send the waiting puts, batch by batch, until none waits or `own` is sent; in the latter case the
+        oldest waiting put's thread takes over (so no caller sends for the others forever)."""
+        while True:
+            with self._puts_lock:
+                if not self._puts:
+                    self._sending = False
+                    return
+                if own.finished:
+                    nxt = self._puts[0]
+                    nxt.promoted = True
+                    nxt.wake.set()
+                    return
+                first = self._puts[0]
+                batch, rows, rest = [], 0, []
+                for p in self._puts:
+                    if p.step == first.step and p.kinds == first.kinds and rows + p.n <= self.capacity_rows:
+                        batch.append(p)
+                        rows += p.n
+                    else:
+                        rest.append(p)
+                self._puts = rest
+            try:
+                indexes = self._send(first.step, batch, rows)
+            except BaseException as err:  # every put of the batch fails with it; none of it was kept
+                for p in batch:
+                    p.error = err
+                    p.wake.set()
+                continue
+            at = 0
+            for p in batch:
+                p.indexes = indexes[at:at + p.n]
+                at += p.n
+                p.wake.set()
+
+    def _send(self, step: int, batch: list[_Put], n: int) -> list[int]:
+        td = batch[0].td if len(batch) == 1 else to_tensordict(_merge(batch))
+        timeouts = [p.timeout for p in batch if p.timeout is not None]
+        timeout = min(timeouts) if timeouts else None  # the most impatient caller's
+        seq = _get(self._coord.reserve.remote(step, n, timeout, len(batch)))
         client = self._tq()
         try:
             meta = client.get_meta(
                 data_fields=list(td.keys()), batch_size=n, partition_id=partition_id(step), mode="insert"
             )
-            # The sampler's group and order key, stored by TQ alongside the data.
-            meta.update_custom_meta([{PUT_KEY: seq, ROW_KEY: i} for i in range(n)])
+            # The sampler's group and order key, stored by TQ alongside the data: each put its own sequence
+            # number and row positions, as if sent alone.
+            meta.update_custom_meta([{PUT_KEY: seq + j, ROW_KEY: i} for j, p in enumerate(batch) for i in range(p.n)])
             client.put(data=td, metadata=meta)
         except BaseException:
             _get(self._coord.release.remote(step, n))

@@ -74,8 +74,9 @@ class Coordinator:
     async def oldest_unconsumed(self) -> int:
         return self.oldest
 
-    async def reserve(self, step: int, rows: int, timeout: float | None) -> int:
-        """Wait until `rows` more rows fit, then hold them for `step`; returns the put's sequence number."""
+    async def reserve(self, step: int, rows: int, timeout: float | None, puts: int = 1) -> int:
+        """Wait until `rows` more rows fit, then hold them for `step`; returns the sequence number of the first of
+        `puts` consecutive puts (a process's concurrent puts, sent as one)."""
         if rows > self.capacity_rows:
             raise ValueError(f"put_rows: {rows} rows can never fit in bus.capacity_rows={self.capacity_rows}")
         async with self.changed:
@@ -93,8 +94,8 @@ class Coordinator:
                     f"{self.capacity_rows} rows held (partitions {sorted(self.held)}); is the trainer clearing them?"
                 ) from None
             self.held[step] = self.held.get(step, 0) + rows
-            self.puts += 1
-            return self.puts - 1
+            self.puts += puts
+            return self.puts - puts
 
     async def release(self, step: int, rows: int | None = None) -> None:
         """Free `rows` rows of `step` (a failed put), or all of them (the partition was cleared)."""

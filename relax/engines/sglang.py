@@ -98,6 +98,8 @@ def _sglang_process_cls():
             penv = dict(os.environ, **(env or {}))
             log = open(log_path, "ab") if log_path else subprocess.DEVNULL
             argv = [sys.executable if a == "python" else a for a in argv]
+            if "--host" in argv:  # listen on the address Ray advertises (loopback for a local run), not every one
+                argv[argv.index("--host") + 1] = self.host
             self.proc = subprocess.Popen(argv, env=penv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
         def url(self) -> str:

@@ -13,19 +13,32 @@ This module does not import Ray at load time: the engine server process imports 
 
 from __future__ import annotations
 
+import socket
 import threading
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
+from relax.loopback import is_loopback
+
 
 # ---- stores and groups -------------------------------------------------------------------------------------
 def store(host: str, port: int, *, master: bool, timeout_s: float, world_size: int | None = None,
           wait_for_workers: bool = True):
-    """A TCPStore at host:port; `master` hosts it (port 0: any free port, read back from `.port`)."""
+    """A TCPStore at host:port; `master` hosts it (port 0: any free port, read back from `.port`).
+
+    The master listens on `host` only (torch's own server would listen on every interface): a local run's
+    store is on 127.0.0.1, a cluster's on the node address it advertises."""
+    listen_fd = None
+    if master:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+        sock.bind(addr)
+        sock.listen(128)
+        port, listen_fd = sock.getsockname()[1], sock.detach()  # the store owns (and closes) the socket
     return dist.TCPStore(host, port, world_size, master, timeout=timedelta(seconds=timeout_s),
-                         wait_for_workers=wait_for_workers)
+                         wait_for_workers=wait_for_workers, master_listen_fd=listen_fd)
 
 
 def make_group(store, rank: int, world_size: int, backend: str, timeout_s: float | None = None,
@@ -56,9 +69,13 @@ def make_group(store, rank: int, world_size: int, backend: str, timeout_s: float
 
 def new_process_group(backend: str, master_address: str, master_port: int, rank: int, world_size: int,
                       timeout_s: float = 300.0):
-    """A process group of `world_size` ranks meeting at master_address:master_port (rank 0 hosts the store)."""
+    """A process group of `world_size` ranks meeting at master_address:master_port (rank 0 hosts the store).
+
+    A loopback master means every rank is on this machine: gloo then listens on loopback too (its default
+    device is the machine's address)."""
     st = store(master_address, master_port, master=rank == 0, timeout_s=timeout_s, world_size=world_size)
-    return make_group(st, rank, world_size, backend, timeout_s)
+    return make_group(st, rank, world_size, backend, timeout_s,
+                      host=master_address if is_loopback(master_address) else None)
 
 
 def broadcast_buckets(pg, buffers: list[torch.Tensor], root: int) -> None:

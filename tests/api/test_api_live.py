@@ -39,7 +39,7 @@ def test_scale_out_then_in_during_a_live_run_the_serving_engines_follow_the_repl
     from experiments.recovery.elastic import run_phases
 
     steps = 40
-    env = {**os.environ, "RELAX_CACHE": os.environ.get("RELAX_CACHE", "/tmp/relax-cache"), "RAY_AUTH_MODE": "disabled"}
+    env = {**os.environ, "RELAX_CACHE": os.environ.get("RELAX_CACHE", "/tmp/relax-cache")}
     cmd = [sys.executable, "-m", "relax.cli", "run", str(ROOT / "experiments/async/cpu.yaml"), "--no-progress",
            "--out", str(tmp_path), "--run", "live", "--api-port", "0", f"steps={steps}",
            "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.chunk_groups=1", "warmup.steps=20",

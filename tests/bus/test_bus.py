@@ -377,3 +377,33 @@ def test_every_sample_consumed_exactly_once_per_task(fresh: Bus, workers):
     everyone = Counter(range(total))
     for name, ids in (("reward", reward), ("ref", ref), ("actor_train", trained)):
         assert Counter(ids) == everyone, name
+
+
+def test_concurrent_puts_of_one_process_each_land_once_in_their_own_order(fresh: Bus):
+    """Puts made while the process is sending travel together (one reservation, one TQ put); each caller still
+    gets its own rows' indexes, every row is stored once, and whole-group fetches keep each put's row order."""
+    threads, per = 24, 2  # groups per put
+    got: dict[int, list[int]] = {}
+    errors = []
+
+    def put(t):
+        try:
+            got[t] = fresh.put_rows(0, make_rows([t * per + g for g in range(per)], seed=t))
+        except BaseException as err:  # pragma: no cover - reported below
+            errors.append(err)
+
+    ts = [threading.Thread(target=put, args=(t,)) for t in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(120)
+    assert not errors and len(got) == threads
+    assert all(len(ix) == per * G for ix in got.values())
+    assert len({i for ix in got.values() for i in ix}) == threads * per * G  # no index handed to two puts
+    seen = []
+    while (b := fresh.fetch(0, "once", ["sample_id", "group_id"], 8 * G, whole_groups=True)) is not None:
+        ids = b["sample_id"].tolist()
+        for lo in range(0, len(ids), G):  # a group's rows come whole and in the order they were put
+            assert ids[lo:lo + G] == list(range(ids[lo], ids[lo] + G)) and ids[lo] % G == 0
+        seen += ids
+    assert Counter(seen) == Counter(range(threads * per * G))
