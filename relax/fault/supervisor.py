@@ -30,6 +30,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import psutil
 import ray
 
 from relax.api.pool import GroupQueue, RayRolloutPool
@@ -57,6 +58,7 @@ class Supervisor:
         self.api_port = api_port
         self.api = None
         self.events: list[dict] = []
+        self.dead_pids: set[int] = set()  # processes whose death has its recovery event
         self.restarts: Counter = Counter()
         self.global_restarts = 0
         self.generation: Counter = Counter()
@@ -170,7 +172,8 @@ class Supervisor:
                     failed.append(key)
             if failed:
                 self._recover(failed)
-            self.injector.tick(len(ctx.records))
+            if self.injector.pending:
+                self._inject()
             if time.time() - last_health > 0.5:
                 self._check_heartbeats()
                 last_health = time.time()
@@ -186,6 +189,14 @@ class Supervisor:
                 log.warning("%s did not end cleanly after training finished", key)
             if isinstance(key, tuple):
                 self.pool.finished(key[1])
+
+    def _inject(self) -> None:
+        """Fire the faults due at the step the Actor is on (its own counter, from Telemetry) and tell it which
+        fired: the Actor waits for them before its next step (ActorRole.await_faults)."""
+        step, _ = ray.get(self.ctx.telemetry.fault_state.remote())
+        fired = self.injector.tick(step)
+        if fired:
+            ray.get(self.ctx.telemetry.fault_state.remote([f["index"] for f in fired]))
 
     def _settle(self, ref, key) -> bool:
         """A run() call ended: True if it returned, False if its process died (a role's own error is
@@ -218,7 +229,8 @@ class Supervisor:
             for key, name in zip(keys, names):
                 if name != "actor" and not (isinstance(key, tuple) and key[0] == "spare"):
                     role, replica = ("rollout", key[1]) if isinstance(key, tuple) else (key, None)
-                    self._event(role, 1, replica)["superseded_by_global_restart"] = True
+                    pid = self.pool.replicas[key[1]].pid if isinstance(key, tuple) else self.pids.get(key)
+                    self._event(role, 1, replica, pid=pid)["superseded_by_global_restart"] = True
             return self._global_restart(*cause)
         for key in keys:
             self._begin_restart(key)
@@ -231,7 +243,7 @@ class Supervisor:
         if isinstance(key, tuple):
             index = key[1]
             rep = self.pool.replicas[index]
-            ev = ev or self._event("rollout", 1, index)
+            ev = ev or self._event("rollout", 1, index, pid=rep.pid)
             self.restarts[f"rollout-{index}"] += 1
             self._forget(rep.pid)
             ray.kill(rep.handle)
@@ -241,7 +253,7 @@ class Supervisor:
                 return self._swap_in_spare(rep, ev)
             handle = self._create("rollout", index)
         else:
-            ev = ev or self._event(key, 1)
+            ev = ev or self._event(key, 1, pid=self.pids.get(key))
             self.restarts[key] += 1
             self._forget(self.pids.pop(key, None))
             ray.kill(self.ctx.roles[key])
@@ -307,6 +319,16 @@ class Supervisor:
                                     "t_detect": time.time() - self.t_start})
                 _kill(m["pid"])  # its run() call fails next: recovered like any death
 
+    def _died(self, pid: int) -> bool:
+        """The role process `pid` is gone (or a zombie). Known only on a one-node cluster (the roles' pids are this
+        machine's); on more nodes only injected kills are known."""
+        if len(ray.nodes()) > 1:
+            return False
+        try:
+            return psutil.Process(pid).status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+        except psutil.NoSuchProcess:
+            return True
+
     def _forget(self, pid: int | None) -> None:
         """The DCS stops pairing receivers with a dead process."""
         if pid is None:
@@ -315,14 +337,18 @@ class Supervisor:
             if m["pid"] == pid and m["alive"]:
                 self.dcs.mark_dead(m["id"])
 
-    def _event(self, role: str, tier: int, replica: int | None = None, reason: str = "process died") -> dict:
+    def _event(self, role: str, tier: int, replica: int | None = None, reason: str = "process died",
+               pid: int | None = None) -> dict:
+        """One recovery event per dead process (`pid`), matched to the injected kill of that process if any."""
         now = time.time()
-        fault = self.injector.last_for(role, replica)
-        ev = {"role": role, "replica": replica, "tier": tier, "reason": reason,
+        fault = self.injector.last_for(role, replica, pid)
+        ev = {"role": role, "replica": replica, "pid": pid, "tier": tier, "reason": reason,
               "t_fault": (fault["t_fault"] - self.t_start) if fault else None, "t_detect": now - self.t_start,
               "steps_done_at_detect": len(self.ctx.records)}
         ev["detect_s"] = (now - fault["t_fault"]) if fault else None
         self.events.append(ev)
+        if pid is not None:
+            self.dead_pids.add(pid)
         return ev
 
     def _ready(self, ev: dict, handle) -> None:
@@ -342,9 +368,24 @@ class Supervisor:
             raise RuntimeError(f"{reason}; recovering the Actor needs dcs.transport: gloo (weights from a live "
                                f"peer), not {cfg.dcs.transport}")
         self.global_restarts += 1
-        ev = self._event(role, 2, reason=reason)
+        cause_pid = self.pool.replicas[int(role.split("-")[1])].pid if role.startswith("rollout-") else self.pids.get(role)
+        ev = self._event(role, 2, reason=reason, pid=cause_pid)
         latest_before = self.dcs.topology()["latest"]
         # 1. Stop every role process (the bus and the driver's DCS copy survive), replacements being started too.
+        # A process found already dead (killed at the same time as the cause, its death not yet seen) gets its own
+        # event: one per fault, however many land at once.
+        injected = {f["pid"] for f in self.injector.unmatched_kills()}
+        stopped = []
+
+        def stop(role_: str, replica: int | None, pid: int | None, handle) -> None:
+            if pid is not None and pid != cause_pid and pid not in self.dead_pids:
+                if pid in injected or self._died(pid):
+                    self._event(role_, 1, replica, pid=pid)["superseded_by_global_restart"] = True
+                else:
+                    stopped.append(pid)
+            self._forget(pid)
+            ray.kill(handle)
+
         for key, handle, pending_ev in self.restarting.values():
             ray.kill(handle)
             if isinstance(key, tuple) and key[0] == "spare":
@@ -356,16 +397,15 @@ class Supervisor:
         self.restarting = {}
         for name, h in list(ctx.roles.items()):
             if name != "rollout":
-                self._forget(self.pids.pop(name, None))
-                ray.kill(h)
+                stop(name, None, self.pids.pop(name, None), h)
         active = [i for i, r in self.pool.snapshot().items() if r.status in ("ACTIVE", "IDLE", "READY")]
         for i in active:
             rep = self.pool.replicas[i]
-            self._forget(rep.pid)
-            ray.kill(rep.handle)
+            stop("rollout", i, rep.pid, rep.handle)
             ray.get(self.queue.release.remote(i))
-            rep.future = None
+            rep.future, rep.pid = None, None
         self.futs = {}
+        ev["stopped_pids"] = stopped  # the processes this restart stopped itself
         # 2. Resume point: the newest version a live process holds. Partitions before it are trained (their
         # versions are committed): drop them; every later row is handed out again to every task.
         topo = self.dcs.topology()
@@ -407,8 +447,9 @@ class Supervisor:
         """The newest weights; waiting for them also commits the last version in the ledger."""
         return self.dcs.latest_state(min_version=self.cfg.steps)
 
-    def account(self) -> list[int]:
-        self.dcs.wait_committed(self.cfg.steps, timeout=60)
+    def account(self, version: int | None = None) -> list[int]:
+        """The ledger once `version` (default: the last step's) is committed."""
+        self.dcs.wait_committed(self.cfg.steps if version is None else version, timeout=60)
         return self.dcs.ledger()
 
     def metrics(self) -> dict:
