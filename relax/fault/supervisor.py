@@ -18,6 +18,11 @@ one; versions that died with the Actor roll back with their samples in the DCS l
 state comes from the Actor's periodic checkpoint, and every partition still on the bus is handed out again
 (rows already carrying a role's output are skipped). The bus itself survives.
 
+Every dead process gets exactly one recovery event naming its pid (and the injected fault that killed it, if
+one did): processes found dead beside the Actor, or found dead while a global restart stops the world, are
+recorded as superseded by it, so five kills at once give five events; the global restart's event lists the
+processes it stopped itself (`stopped_pids`).
+
 The exactly-once account is the DCS ledger: sample ids of committed versions. `recovery.json` in the run
 folder records every fault and recovery (times to detect and to be ready, DCS vs disk reload).
 """
@@ -368,8 +373,9 @@ class Supervisor:
             raise RuntimeError(f"{reason}; recovering the Actor needs dcs.transport: gloo (weights from a live "
                                f"peer), not {cfg.dcs.transport}")
         self.global_restarts += 1
-        cause_pid = self.pool.replicas[int(role.split("-")[1])].pid if role.startswith("rollout-") else self.pids.get(role)
-        ev = self._event(role, 2, reason=reason, pid=cause_pid)
+        replica = int(role.split("-")[1]) if role.startswith("rollout-") else None
+        cause_pid = self.pool.replicas[replica].pid if replica is not None else self.pids.get(role)
+        ev = self._event("rollout" if replica is not None else role, 2, replica, reason=reason, pid=cause_pid)
         latest_before = self.dcs.topology()["latest"]
         # 1. Stop every role process (the bus and the driver's DCS copy survive), replacements being started too.
         # A process found already dead (killed at the same time as the cause, its death not yet seen) gets its own
@@ -425,11 +431,14 @@ class Supervisor:
         new = {n: self._create(n, resume=n == "actor") for n in ctx.role_names if n != "rollout"}
         reps = {i: self._create("rollout", i) for i in active}
         ray.get([h.ready.remote() for h in [*new.values(), *reps.values()]])
-        for n, h in new.items():
-            ctx.roles[n] = h
-            self.pids[n] = ray.get(h.pid.remote())
+        pids = ray.get([h.pid.remote() for h in [*new.values(), *reps.values()]])
         self._ready(ev, new["actor"])
         ev["resume_step"] = resume
+        # Known from here on (a death from now is seen through its run() call, like any other).
+        for (n, h), pid in zip(new.items(), pids):
+            ctx.roles[n] = h
+            self.pids[n] = pid
+        rep_pids = dict(zip(reps, pids[len(new):]))
         self.futs[new["actor"].run.remote(cfg.steps, start=resume, recover=True)] = "actor"
         for n, h in new.items():
             if n != "actor":
@@ -437,7 +446,7 @@ class Supervisor:
         for i, h in reps.items():
             rep = self.pool.replicas[i]
             with self.pool.lock:
-                rep.handle, rep.pid, rep.status = h, ray.get(h.pid.remote()), "ACTIVE"
+                rep.handle, rep.pid, rep.status = h, rep_pids[i], "ACTIVE"
                 rep.future = self._start_replica(h, i, start=start, recover=True)
         if 0 in reps:
             ctx.roles["rollout"] = reps[0]

@@ -279,3 +279,88 @@ def test_non_finite_steps_are_skipped_and_enough_in_a_row_stop_the_run(tmp_path)
     rec = json.loads((run_dir / "recovery.json").read_text())
     assert [(f["kind"], f["at_step"], f["steps_done"]) for f in rec["faults"]] == [("nan", 1, 1), ("nan", 3, 3),
                                                                                  ("nan", 4, 4)]
+
+
+def _live_role_pids(sup) -> dict[int, str]:
+    """pid -> role of every role process the supervisor runs now (read from the run's own supervisor)."""
+    for _ in range(50):
+        try:
+            out = {pid: name for name, pid in list(sup.pids.items()) if pid is not None}
+            out.update({r.pid: "rollout" for r in sup.pool.snapshot().values() if r.status == "ACTIVE" and r.pid})
+            return out
+        except RuntimeError:  # a dict changed while read: read again
+            time.sleep(0.01)
+    return {}
+
+
+@pytest.mark.slow
+def test_random_external_kills_through_a_whole_run_lose_nothing_and_each_is_recovered(tmp_path):
+    """Chaos: SIGKILLs from outside the engine (this test, by pid) of random role processes at random times, the
+    Actor included, through a whole run. Seeded (RELAX_CHAOS_SEED overrides): a failure names its seed and
+    repeats its choices. Every sample is trained exactly once and every kill has exactly one recovery event
+    (its process's pid), recovered in place or by a global restart."""
+    import os
+    import random
+    import signal
+    import threading
+
+    import psutil
+
+    from relax.config import load_config as load
+    from relax.controller import Controller
+    from relax.preflight import preflight
+    from relax.run_folder import RunFolder
+
+    seed = int(os.environ.get("RELAX_CHAOS_SEED", "20261201"))
+    rng = random.Random(seed)
+    steps, max_kills = 10, 6
+    cfg = load(ROOT / "experiments/async/cpu.yaml", [*TINY, f"steps={steps}", f"max_global_restart={max_kills}"])
+    preflight(cfg, None)
+    run_dir = RunFolder.create(tmp_path, cfg.name, cfg.profile, None).path
+    ctl = Controller(cfg, run_dir, progress=False)
+    result: dict = {}
+
+    def run():
+        try:
+            result["summary"] = ctl.run()
+        except BaseException as err:  # reported by the test below
+            result["error"] = err
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    kills = []  # (pid, role, time)
+    while t.is_alive() and len(kills) < max_kills:
+        time.sleep(rng.uniform(1.0, 6.0))
+        sup = getattr(ctl, "supervisor", None)
+        # Kill only while at least 3 steps remain: every role still has work, so each death is seen and recovered.
+        if sup is None or not sup.pids or len(ctl.records) > steps - 3:
+            continue
+        live = _live_role_pids(sup)
+        if not live:
+            continue
+        pid = rng.choice(sorted(live))
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                continue
+            os.kill(pid, signal.SIGKILL)
+        except (psutil.NoSuchProcess, ProcessLookupError):
+            continue
+        kills.append((pid, live[pid], time.time()))
+    t.join(timeout=1800)
+    assert not t.is_alive(), f"seed {seed}: the run did not end"
+    assert "error" not in result, f"seed {seed}, kills {kills}: {result.get('error')!r}"
+    summary = result["summary"]
+    assert len(kills) >= 3, f"seed {seed}: only {len(kills)} kills landed"
+    assert summary["samples_trained"] == steps * 16, (seed, kills, summary)
+    assert summary["samples_lost"] == 0 and summary["samples_duplicated"] == 0, (seed, kills, summary)
+    rec = json.loads((run_dir / "recovery.json").read_text())
+    events = [e for e in rec["events"] if "tier" in e]
+    t0 = ctl.supervisor.t_start
+    for pid, role, t_kill in kills:
+        mine = [e for e in events if e["pid"] == pid]
+        # A kill that hit a process a global restart (begun before it) was stopping is recovered by that restart.
+        stopping = [e for e in events if e["tier"] == 2 and pid in e.get("stopped_pids", ()) and e["t_detect"] < t_kill - t0]
+        assert len(mine) == 1 or (not mine and stopping), (seed, pid, role, kills, events)
+        for e in mine:
+            assert e["role"] == role and (e.get("superseded_by_global_restart") or e["ready_s"] > 0), (seed, e)
+    assert {e["pid"] for e in events} <= {pid for pid, _, _ in kills}, (seed, kills, events)  # no death unaccounted
