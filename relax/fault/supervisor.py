@@ -84,7 +84,7 @@ class Supervisor:
         d = cfg.dcs
         self.dcs = DCS.start(d.transport, d.bucket_mb, d.timeout_s, cfg.health.heartbeat_s, d.device, d.reuse_groups)
         # The driver pins version 0 (the reference policy) and follows every newer version.
-        self.dcs.join("driver", serve=True, follow=True)
+        self.dcs.join("driver", serve=True, follow=True, durable=True)
         self.dcs.publish(0, initial_state, pin=True)
         shared = cfg.mode == "async" and cfg.schedule == "relax"
         self.queue = GroupQueue.remote(cfg.steps, cfg.rollout.prompts_per_step, cfg.rollout.chunk_groups) if shared else None
