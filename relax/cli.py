@@ -219,6 +219,13 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"relax: {err}", file=sys.stderr)
         return 2
+    except RuntimeError as err:
+        from relax.controller import RunStopped
+
+        if not isinstance(err, RunStopped):
+            raise
+        print(f"relax: run stopped: {err}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -238,6 +238,8 @@ class TrainingConfig(Strict):
     # bf16: mixed precision as GPU trainers run (Megatron --bf16): fp32 master weights and optimizer, the
     # forward's matmuls in bf16 (torch.autocast; the megatron trainer: bf16 params), log-softmax and loss in fp32.
     precision: Literal["fp32", "bf16"] = "fp32"
+    # A step whose loss or gradient norm is not finite is skipped (no update); this many in a row stop the run.
+    max_nonfinite_steps: int = Field(3, ge=1)
 
 
 class RoleResources(Strict):
@@ -306,7 +308,8 @@ class FaultSpec(Strict):
 
     role: Literal["rollout", "reward", "reference", "advantages", "actor"]
     at_step: int = Field(..., ge=0)
-    kind: Literal["kill", "delay", "slow"] = "kill"  # SIGKILL | SIGSTOP for duration_s | run duty share of the time
+    # SIGKILL | SIGSTOP for duration_s | run duty share of the time | (actor only) a non-finite loss at that step
+    kind: Literal["kill", "delay", "slow", "nan"] = "kill"
     replica: int = Field(0, ge=0)  # which rollout replica
     after_s: float = Field(0.0, ge=0)
     duration_s: float = Field(2.0, gt=0)
@@ -513,6 +516,10 @@ class ExperimentConfig(Strict):
                 raise ValueError(f"faults.{i}.role: no reference role runs when algorithm.kl_coef is 0")
             if f.role == "rollout" and f.replica >= self.rollout.replicas:
                 raise ValueError(f"faults.{i}.replica: {f.replica} but rollout.replicas={self.rollout.replicas}")
+            if f.kind == "nan" and f.role != "actor":
+                raise ValueError(f"faults.{i}.kind: 'nan' (a non-finite loss) is a fault of the actor, not the {f.role}")
+            if f.kind == "nan" and f.after_s:
+                raise ValueError(f"faults.{i}.after_s: a 'nan' fault poisons step at_step itself (after_s must be 0)")
             if f.role == "actor" and f.kind == "kill" and self.dcs.transport != "gloo":
                 raise ValueError(f"faults.{i}: recovering a killed actor needs dcs.transport 'gloo'")
         if self.mode == "colocate" and self.max_staleness != 0:

@@ -41,6 +41,21 @@ from relax.run_folder import RunFolder
 log = logging.getLogger(__name__)
 
 
+class RunStopped(RuntimeError):
+    """A role stopped the run (e.g. training.max_nonfinite_steps); the results so far are in `run_dir`."""
+
+    def __init__(self, message: str, run_dir: Path):
+        super().__init__(f"{message} (results so far in {run_dir})")
+        self.run_dir = run_dir
+
+
+def nonfinite_account(rows: list[dict]) -> dict:
+    """Steps skipped for a non-finite loss or gradient norm, and the samples they consumed without an update
+    (their ids are in the ledger with the step's unchanged version: reported, not lost)."""
+    skipped = [r for r in rows if r.get("skipped_nonfinite")]
+    return {"steps_skipped_nonfinite": len(skipped), "samples_skipped_nonfinite": sum(r["samples"] for r in skipped)}
+
+
 class MemoryMeter:
     """Peak proportional set size of the driver and every process it started (the whole Ray session)."""
 
@@ -218,6 +233,7 @@ class Controller:
             "samples_trained": len(account),
             "samples_lost": len(expected - set(account)),
             "samples_duplicated": len(account) - len(set(account)),
+            **nonfinite_account(rows),
             "backends": getattr(getattr(self, "supervisor", None), "backends", {}),  # what ran each role
             # metrics.sinks, and those that failed during the run (name -> the error that turned it off)
             "metrics_sinks": list(cfg.metrics.sinks), "metrics_sinks_failed": dict(self.reporter.failed),
@@ -228,6 +244,20 @@ class Controller:
         if self.colocate_extra:
             summary["sleep_wake_s_mean"] = round(
                 sum(v["sleep_wake_s"] for v in self.colocate_extra.values()) / len(self.colocate_extra), 4)
+        self.folder.write_summary(summary)
+        return summary
+
+    def write_stopped_summary(self, rows: list[dict], account: list[int], error: RunStopped) -> dict:
+        """summary.json of a run a role stopped: the error, the steps done and the account of their samples."""
+        done = {r["step"] for r in rows}
+        expected = {s for k in done for s in range(k * self.cfg.rows_per_step, (k + 1) * self.cfg.rows_per_step)}
+        summary = {"experiment": self.cfg.name, "profile": self.cfg.profile, "mode": self.cfg.mode,
+                   "schedule": self.cfg.schedule, "error": str(error), "steps": len(rows), "steps_planned": self.cfg.steps,
+                   "samples_trained": len(account),
+                   # over the steps that ran (the rest never started): trained or reported, never lost
+                   "samples_lost": len(expected - set(account)),
+                   "samples_duplicated": len(account) - len(set(account)), **nonfinite_account(rows),
+                   "backends": getattr(getattr(self, "supervisor", None), "backends", {})}
         self.folder.write_summary(summary)
         return summary
 
@@ -250,6 +280,7 @@ class Controller:
     def _run(self) -> dict:
         cfg = self.cfg
         state = warmup_state(cfg, progress=self.progress)
+        error: RunStopped | None = None
         with RaySession(num_cpus=max(8, os.cpu_count() or 2)):
             try:
                 self.start_roles(state)
@@ -259,15 +290,21 @@ class Controller:
                     label = cfg.mode if cfg.schedule == "relax" else f"{cfg.schedule} schedule, EMULATED"
                     self.task_id = bar.add_task(f"{cfg.name} [{label}]", total=cfg.steps, reward=0.0)
                     self.t_start = time.time()
-                    get_schedule(cfg).run(self.ctx, self.supervisor, bar)  # relax/schedules/
+                    try:
+                        get_schedule(cfg).run(self.ctx, self.supervisor, bar)  # relax/schedules/
+                    except ray.exceptions.RayTaskError as err:  # a role stopped the run: keep what it did
+                        error = RunStopped(str(err.cause if err.cause is not None else err).strip(), self.run_dir)
                     self.poll(bar)
                 spans = ray.get(self.telemetry.all_spans.remote())
                 self.all_spans = spans
                 self.t_end = max((r["end_time"] for r in self.records.values()), default=time.time())
-                final_state = self.supervisor.final_state()[1]
-                account = self.supervisor.account()  # the DCS ledger: sample ids of committed versions
-                from relax.export import save_final_weights  # `relax export RUN_DIR --to DIR` reads it
-                save_final_weights(self.run_dir, final_state)
+                if error is not None:
+                    account = self.supervisor.account(self.supervisor.dcs.topology()["latest"])
+                else:
+                    final_state = self.supervisor.final_state()[1]
+                    account = self.supervisor.account()  # the DCS ledger: sample ids of committed versions
+                    from relax.export import save_final_weights  # `relax export RUN_DIR --to DIR` reads it
+                    save_final_weights(self.run_dir, final_state)
             finally:
                 if hasattr(self, "supervisor"):
                     self.supervisor.shutdown()  # writes recovery.json, stops the API and every role
@@ -276,6 +313,9 @@ class Controller:
                 self.close_reporter()  # held alert messages go out; every sink closes
         self.folder.write_trace(chrome_trace(spans, self.t_start))
         rows = self.write_metrics(spans)
+        if error is not None:
+            self.write_stopped_summary(rows, account, error)
+            raise error
         # Greedy accuracy on held-out prompts, before and after RL (the warm-up start vs the trained policy).
         evals = {"eval_accuracy_start": greedy_accuracy(cfg, state),
                  "eval_accuracy_end": greedy_accuracy(cfg, final_state),

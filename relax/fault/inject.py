@@ -2,10 +2,14 @@
 
     faults: [{role: rollout, at_step: 5, kind: kill}]
 
-A fault fires once the Actor has finished `at_step` steps, plus `after_s` seconds.
+A fault fires once the Actor has finished `at_step` steps, plus `after_s` seconds. The step is the Actor's own
+counter (it tells Telemetry as it starts each step), and the Actor does not start step at_step + 1 before the
+fault has fired (ActorRole.await_faults): a fault lands in the step it names, however late the driver looks.
   kill   SIGKILL of the role's process (no cleanup, no goodbye: the real thing)
   delay  SIGSTOP for `duration_s`, then SIGCONT (a stalled process / a network partition of that length)
   slow   for `duration_s`, the process may run only a `duty` share of each 100 ms (SIGSTOP/SIGCONT duty cycle)
+  nan    (Actor only) step `at_step`'s loss is made non-finite inside the Actor (relax/roles/actor.py), as a
+         numerical blow-up would; nothing is signalled, the fault is only recorded here
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ SLOW_PERIOD_S = 0.1
 
 class FaultInjector:
     def __init__(self, faults: list, pid_of: Callable[[object], int | None]):
-        self.waiting = [{"spec": f, "due": None} for f in faults]
+        self.waiting = [{"spec": f, "due": None, "index": i} for i, f in enumerate(faults)]
         self.pid_of = pid_of
         self.fired: list[dict] = []
         self._stop = threading.Event()
@@ -43,26 +47,35 @@ class FaultInjector:
                 w["due"] = now + spec.after_s
             if now < w["due"]:
                 continue
-            pid = self.pid_of(spec)
-            if pid is None:
+            pid = None if spec.kind == "nan" else self.pid_of(spec)
+            if pid is None and spec.kind != "nan":
                 continue  # the target is restarting right now; try again next tick
             self.waiting.remove(w)
-            event = {"role": spec.role, "replica": spec.replica if spec.role == "rollout" else None,
-                     "kind": spec.kind, "at_step": spec.at_step, "steps_done": steps_done, "pid": pid,
-                     "t_fault": time.time()}
+            event = {"index": w["index"], "role": spec.role,
+                     "replica": spec.replica if spec.role == "rollout" else None, "kind": spec.kind,
+                     "at_step": spec.at_step, "steps_done": steps_done, "pid": pid, "t_fault": time.time()}
             self._fire(spec, pid)
-            log.warning("fault injected: %s of %s (pid %d) after %d steps", spec.kind, spec.role, pid, steps_done)
+            log.warning("fault injected: %s of %s (pid %s) after %d steps", spec.kind, spec.role, pid, steps_done)
             self.fired.append(event)
             fired.append(event)
         return fired
 
-    def last_for(self, role: str, replica: int | None = None) -> dict | None:
-        """The newest kill of `role` (and replica) not yet matched to a recovery."""
+    def last_for(self, role: str, replica: int | None = None, pid: int | None = None) -> dict | None:
+        """The newest kill of `role` (and replica; of process `pid` when given) not yet matched to a recovery."""
         for ev in reversed(self.fired):
-            if ev["role"] == role and ev.get("replica") == replica and ev["kind"] == "kill" and not ev.get("matched"):
+            if ev["role"] == role and ev.get("replica") == replica and ev["kind"] == "kill" and not ev.get("matched") \
+                    and (pid is None or ev["pid"] == pid):
                 ev["matched"] = True
                 return ev
         return None
+
+    def unmatched_kills(self) -> list[dict]:
+        """Kills fired and not yet matched to a recovery event."""
+        return [ev for ev in self.fired if ev["kind"] == "kill" and not ev.get("matched")]
+
+    @property
+    def pending(self) -> bool:
+        return bool(self.waiting)
 
     def _fire(self, spec, pid: int) -> None:
         if spec.kind == "kill":
@@ -71,6 +84,8 @@ class FaultInjector:
             self._stop_for(pid, spec.duration_s)
         elif spec.kind == "slow":
             self._spawn(self._duty_cycle, pid, spec.duration_s, spec.duty)
+        elif spec.kind == "nan":
+            pass  # the Actor poisons that step itself (it reads the fault from the config)
         else:
             raise ValueError(f"faults: unknown kind '{spec.kind}'")
 

@@ -18,6 +18,11 @@ one; versions that died with the Actor roll back with their samples in the DCS l
 state comes from the Actor's periodic checkpoint, and every partition still on the bus is handed out again
 (rows already carrying a role's output are skipped). The bus itself survives.
 
+Every dead process gets exactly one recovery event naming its pid (and the injected fault that killed it, if
+one did): processes found dead beside the Actor, or found dead while a global restart stops the world, are
+recorded as superseded by it, so five kills at once give five events; the global restart's event lists the
+processes it stopped itself (`stopped_pids`).
+
 The exactly-once account is the DCS ledger: sample ids of committed versions. `recovery.json` in the run
 folder records every fault and recovery (times to detect and to be ready, DCS vs disk reload).
 """
@@ -30,6 +35,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import psutil
 import ray
 
 from relax.api.pool import GroupQueue, RayRolloutPool
@@ -57,6 +63,7 @@ class Supervisor:
         self.api_port = api_port
         self.api = None
         self.events: list[dict] = []
+        self.dead_pids: set[int] = set()  # processes whose death has its recovery event
         self.restarts: Counter = Counter()
         self.global_restarts = 0
         self.generation: Counter = Counter()
@@ -77,7 +84,7 @@ class Supervisor:
         d = cfg.dcs
         self.dcs = DCS.start(d.transport, d.bucket_mb, d.timeout_s, cfg.health.heartbeat_s, d.device, d.reuse_groups)
         # The driver pins version 0 (the reference policy) and follows every newer version.
-        self.dcs.join("driver", serve=True, follow=True)
+        self.dcs.join("driver", serve=True, follow=True, durable=True)
         self.dcs.publish(0, initial_state, pin=True)
         shared = cfg.mode == "async" and cfg.schedule == "relax"
         self.queue = GroupQueue.remote(cfg.steps, cfg.rollout.prompts_per_step, cfg.rollout.chunk_groups) if shared else None
@@ -170,7 +177,8 @@ class Supervisor:
                     failed.append(key)
             if failed:
                 self._recover(failed)
-            self.injector.tick(len(ctx.records))
+            if self.injector.pending:
+                self._inject()
             if time.time() - last_health > 0.5:
                 self._check_heartbeats()
                 last_health = time.time()
@@ -186,6 +194,14 @@ class Supervisor:
                 log.warning("%s did not end cleanly after training finished", key)
             if isinstance(key, tuple):
                 self.pool.finished(key[1])
+
+    def _inject(self) -> None:
+        """Fire the faults due at the step the Actor is on (its own counter, from Telemetry) and tell it which
+        fired: the Actor waits for them before its next step (ActorRole.await_faults)."""
+        step, _ = ray.get(self.ctx.telemetry.fault_state.remote())
+        fired = self.injector.tick(step)
+        if fired:
+            ray.get(self.ctx.telemetry.fault_state.remote([f["index"] for f in fired]))
 
     def _settle(self, ref, key) -> bool:
         """A run() call ended: True if it returned, False if its process died (a role's own error is
@@ -218,7 +234,8 @@ class Supervisor:
             for key, name in zip(keys, names):
                 if name != "actor" and not (isinstance(key, tuple) and key[0] == "spare"):
                     role, replica = ("rollout", key[1]) if isinstance(key, tuple) else (key, None)
-                    self._event(role, 1, replica)["superseded_by_global_restart"] = True
+                    pid = self.pool.replicas[key[1]].pid if isinstance(key, tuple) else self.pids.get(key)
+                    self._event(role, 1, replica, pid=pid)["superseded_by_global_restart"] = True
             return self._global_restart(*cause)
         for key in keys:
             self._begin_restart(key)
@@ -231,7 +248,7 @@ class Supervisor:
         if isinstance(key, tuple):
             index = key[1]
             rep = self.pool.replicas[index]
-            ev = ev or self._event("rollout", 1, index)
+            ev = ev or self._event("rollout", 1, index, pid=rep.pid)
             self.restarts[f"rollout-{index}"] += 1
             self._forget(rep.pid)
             ray.kill(rep.handle)
@@ -241,7 +258,7 @@ class Supervisor:
                 return self._swap_in_spare(rep, ev)
             handle = self._create("rollout", index)
         else:
-            ev = ev or self._event(key, 1)
+            ev = ev or self._event(key, 1, pid=self.pids.get(key))
             self.restarts[key] += 1
             self._forget(self.pids.pop(key, None))
             ray.kill(self.ctx.roles[key])
@@ -307,6 +324,16 @@ class Supervisor:
                                     "t_detect": time.time() - self.t_start})
                 _kill(m["pid"])  # its run() call fails next: recovered like any death
 
+    def _died(self, pid: int) -> bool:
+        """The role process `pid` is gone (or a zombie). Known only on a one-node cluster (the roles' pids are this
+        machine's); on more nodes only injected kills are known."""
+        if len(ray.nodes()) > 1:
+            return False
+        try:
+            return psutil.Process(pid).status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+        except psutil.NoSuchProcess:
+            return True
+
     def _forget(self, pid: int | None) -> None:
         """The DCS stops pairing receivers with a dead process."""
         if pid is None:
@@ -315,14 +342,18 @@ class Supervisor:
             if m["pid"] == pid and m["alive"]:
                 self.dcs.mark_dead(m["id"])
 
-    def _event(self, role: str, tier: int, replica: int | None = None, reason: str = "process died") -> dict:
+    def _event(self, role: str, tier: int, replica: int | None = None, reason: str = "process died",
+               pid: int | None = None) -> dict:
+        """One recovery event per dead process (`pid`), matched to the injected kill of that process if any."""
         now = time.time()
-        fault = self.injector.last_for(role, replica)
-        ev = {"role": role, "replica": replica, "tier": tier, "reason": reason,
+        fault = self.injector.last_for(role, replica, pid)
+        ev = {"role": role, "replica": replica, "pid": pid, "tier": tier, "reason": reason,
               "t_fault": (fault["t_fault"] - self.t_start) if fault else None, "t_detect": now - self.t_start,
               "steps_done_at_detect": len(self.ctx.records)}
         ev["detect_s"] = (now - fault["t_fault"]) if fault else None
         self.events.append(ev)
+        if pid is not None:
+            self.dead_pids.add(pid)
         return ev
 
     def _ready(self, ev: dict, handle) -> None:
@@ -342,9 +373,25 @@ class Supervisor:
             raise RuntimeError(f"{reason}; recovering the Actor needs dcs.transport: gloo (weights from a live "
                                f"peer), not {cfg.dcs.transport}")
         self.global_restarts += 1
-        ev = self._event(role, 2, reason=reason)
+        replica = int(role.split("-")[1]) if role.startswith("rollout-") else None
+        cause_pid = self.pool.replicas[replica].pid if replica is not None else self.pids.get(role)
+        ev = self._event("rollout" if replica is not None else role, 2, replica, reason=reason, pid=cause_pid)
         latest_before = self.dcs.topology()["latest"]
         # 1. Stop every role process (the bus and the driver's DCS copy survive), replacements being started too.
+        # A process found already dead (killed at the same time as the cause, its death not yet seen) gets its own
+        # event: one per fault, however many land at once.
+        injected = {f["pid"] for f in self.injector.unmatched_kills()}
+        stopped = []
+
+        def stop(role_: str, replica: int | None, pid: int | None, handle) -> None:
+            if pid is not None and pid != cause_pid and pid not in self.dead_pids:
+                if pid in injected or self._died(pid):
+                    self._event(role_, 1, replica, pid=pid)["superseded_by_global_restart"] = True
+                else:
+                    stopped.append(pid)
+            self._forget(pid)
+            ray.kill(handle)
+
         for key, handle, pending_ev in self.restarting.values():
             ray.kill(handle)
             if isinstance(key, tuple) and key[0] == "spare":
@@ -356,16 +403,15 @@ class Supervisor:
         self.restarting = {}
         for name, h in list(ctx.roles.items()):
             if name != "rollout":
-                self._forget(self.pids.pop(name, None))
-                ray.kill(h)
+                stop(name, None, self.pids.pop(name, None), h)
         active = [i for i, r in self.pool.snapshot().items() if r.status in ("ACTIVE", "IDLE", "READY")]
         for i in active:
             rep = self.pool.replicas[i]
-            self._forget(rep.pid)
-            ray.kill(rep.handle)
+            stop("rollout", i, rep.pid, rep.handle)
             ray.get(self.queue.release.remote(i))
-            rep.future = None
+            rep.future, rep.pid = None, None
         self.futs = {}
+        ev["stopped_pids"] = stopped  # the processes this restart stopped itself
         # 2. Resume point: the newest version a live process holds. Partitions before it are trained (their
         # versions are committed): drop them; every later row is handed out again to every task.
         topo = self.dcs.topology()
@@ -385,11 +431,14 @@ class Supervisor:
         new = {n: self._create(n, resume=n == "actor") for n in ctx.role_names if n != "rollout"}
         reps = {i: self._create("rollout", i) for i in active}
         ray.get([h.ready.remote() for h in [*new.values(), *reps.values()]])
-        for n, h in new.items():
-            ctx.roles[n] = h
-            self.pids[n] = ray.get(h.pid.remote())
+        pids = ray.get([h.pid.remote() for h in [*new.values(), *reps.values()]])
         self._ready(ev, new["actor"])
         ev["resume_step"] = resume
+        # Known from here on (a death from now is seen through its run() call, like any other).
+        for (n, h), pid in zip(new.items(), pids):
+            ctx.roles[n] = h
+            self.pids[n] = pid
+        rep_pids = dict(zip(reps, pids[len(new):]))
         self.futs[new["actor"].run.remote(cfg.steps, start=resume, recover=True)] = "actor"
         for n, h in new.items():
             if n != "actor":
@@ -397,7 +446,7 @@ class Supervisor:
         for i, h in reps.items():
             rep = self.pool.replicas[i]
             with self.pool.lock:
-                rep.handle, rep.pid, rep.status = h, ray.get(h.pid.remote()), "ACTIVE"
+                rep.handle, rep.pid, rep.status = h, rep_pids[i], "ACTIVE"
                 rep.future = self._start_replica(h, i, start=start, recover=True)
         if 0 in reps:
             ctx.roles["rollout"] = reps[0]
@@ -407,8 +456,9 @@ class Supervisor:
         """The newest weights; waiting for them also commits the last version in the ledger."""
         return self.dcs.latest_state(min_version=self.cfg.steps)
 
-    def account(self) -> list[int]:
-        self.dcs.wait_committed(self.cfg.steps, timeout=60)
+    def account(self, version: int | None = None) -> list[int]:
+        """The ledger once `version` (default: the last step's) is committed."""
+        self.dcs.wait_committed(self.cfg.steps if version is None else version, timeout=60)
         return self.dcs.ledger()
 
     def metrics(self) -> dict:

@@ -41,12 +41,24 @@ class Telemetry:
     def __init__(self):
         self.spans: list[dict] = []
         self.steps: dict[int, dict] = {}
+        # Fault triggers (relax/fault/inject.py): the step the Actor is training (its own counter, set as it
+        # starts each step) and the indexes of the configured faults fired so far (the Actor waits on them).
+        self.actor_step = 0
+        self.faults_fired: set[int] = set()
 
     def add_spans(self, spans: list[dict]) -> None:
         self.spans.extend(spans)
 
     def add_step(self, record: dict) -> None:
         self.steps[record["step"]] = record
+
+    def set_actor_step(self, k: int) -> None:
+        self.actor_step = k
+
+    def fault_state(self, fired: list[int] | None = None) -> tuple[int, set[int]]:
+        """(the Actor's step, the faults fired); `fired` adds to them first (the driver's injector)."""
+        self.faults_fired.update(fired or ())
+        return self.actor_step, set(self.faults_fired)
 
     def snapshot(self, since_span: int = 0) -> tuple[list[dict], dict[int, dict]]:
         return self.spans[since_span:], dict(self.steps)

@@ -7,6 +7,8 @@ for every aggregation mode because the loss is linear in them.
 
 from __future__ import annotations
 
+import logging
+import math
 import time
 from pathlib import Path
 
@@ -22,12 +24,21 @@ from relax.roles.base import ModelRole
 from relax.trainers.factory import build_trainer
 from relax.weights import model_tensors
 
+log = logging.getLogger(__name__)
+
+
+class NonFiniteTrainingError(RuntimeError):
+    """training.max_nonfinite_steps steps in a row had a non-finite loss or gradient norm."""
+
 def dynamic_sampling_metrics(dropped_rows: int, draws: list[int], group_size: int) -> dict:
     """DAPO per step: rows and groups dropped (still degenerate at the cap), groups redrawn at least once, and
     the groups generated in all (draws per row summed over each group's rows once)."""
     return {"samples_dropped": dropped_rows, "groups_dropped": dropped_rows // group_size,
             "groups_resampled": sum(d > 1 for d in draws) // group_size, "groups_generated": sum(draws) // group_size}
 
+
+FAULT_POLL_S = 0.02
+FAULT_WAIT_S = 120.0  # a fault's target may be restarting: the driver fires it once it is back
 
 TRAIN_FIELDS = ["prompt_ids", "response_ids", "rollout_log_probs", "advantages", "rewards", "weight_version",
                 "total_len", "sample_id", "truncated"]
@@ -68,6 +79,7 @@ class ActorRole(ModelRole):
         self.trained_ids: list[int] = []
         self.step_ids: list[int] = []  # sample ids of the step being trained: the DCS ledger entry of its version
         self.retained: list[int] = []  # trained partitions kept on the bus until their version is committed
+        self.nonfinite_run = 0  # steps in a row skipped for a non-finite loss or gradient norm
         self.ckpt_dir = Path(ckpt_dir) if ckpt_dir else None
         self.restored = self.restore_optimizer() if resume else {}
         self.boot.mark("trainer_and_optimizer")
@@ -86,9 +98,30 @@ class ActorRole(ModelRole):
 
     def run(self, steps: int, start: int = 0, recover: bool = False) -> None:
         for k in range(start, steps):
+            self.await_faults(k)
             self.train_partition(k)
+        self.await_faults(steps)
         self.release_committed(wait_s=60.0)
         self.rec.flush()
+
+    def await_faults(self, k: int) -> None:
+        """Wait until every configured fault meant for an earlier step has fired, then tell Telemetry this Actor is
+        at step k (the faults' trigger): a fault fires in the step it names (relax/fault/inject.py)."""
+        faults = self.cfg.faults
+        if not faults:
+            return
+        due = {i for i, f in enumerate(faults) if f.at_step < k}
+        deadline = time.time() + FAULT_WAIT_S + max((f.after_s for f in faults), default=0.0)
+        while due:
+            _, fired = ray.get(self.telemetry.fault_state.remote())
+            if due <= fired:
+                break
+            if time.time() > deadline:
+                log.warning("faults %s were due before step %d and did not fire within %.0f s; training on",
+                            sorted(due - fired), k, FAULT_WAIT_S)
+                break
+            time.sleep(FAULT_POLL_S)
+        ray.get(self.telemetry.set_actor_step.remote(k))
 
     def release_committed(self, wait_s: float = 0.0) -> None:
         """Clear the trained partitions whose version is committed (held by a second process): until then
@@ -174,9 +207,17 @@ class ActorRole(ModelRole):
             a = cfg.algorithm
             denom = LossScale(loss_tokens, loss_seqs, a.loss_norm_tokens or cfg.rollout.max_new_tokens) \
                 .denominator(a.loss_agg)
+            if any(f.kind == "nan" and f.at_step == k for f in cfg.faults):
+                denom = float("nan")  # the injected fault (relax/fault/inject.py): loss and gradients become NaN
+            loss = sum(m["loss"] for m in losses) / (denom if not math.isfinite(denom) else max(denom, 1))
             self.trainer.divide_grads(denom)
-            step_metrics = self.trainer.step()
-            self.trainer.sync_hf(self.model)  # Megatron: trained shards -> the published HF model (torch: no-op)
+            # A non-finite loss or gradient norm: no update (the trainer drops the gradients).
+            step_metrics = self.trainer.step(skip=not math.isfinite(loss))
+            if not step_metrics["skipped_nonfinite"]:
+                self.trainer.sync_hf(self.model)  # Megatron: trained shards -> the published HF model (torch: no-op)
+        # A skipped step still publishes its version (the same weights) with its sample ids: the pipeline's
+        # versions and the ledger stay whole, and the step record says its samples trained nothing.
+        self.nonfinite_run = self.nonfinite_run + 1 if step_metrics["skipped_nonfinite"] else 0
         sync_s = (publish or self.publish)(k + 1)
         self.bus.mark_trained(k)
         self.retained.append(k)
@@ -195,7 +236,7 @@ class ActorRole(ModelRole):
             "trainer_wait_s": loader.wait_s,
             "weight_sync_s": sync_s,
             "weight_version": k + 1,
-            "loss": sum(m["loss"] for m in losses) / max(denom, 1),
+            "loss": loss,
             **step_metrics,
             **(dynamic_sampling_metrics(dropped, draws, cfg.rollout.group_size) if "keep" in self.fields else {}),
             **({"partial_rows_share": sum(x > 0 for x in spans) / len(spans), "partial_span_max": max(spans)}
@@ -210,6 +251,12 @@ class ActorRole(ModelRole):
                 record[key] = sum(vals) / len(vals)
         self.rec.flush()
         self.telemetry.add_step.remote(record)
+        limit = cfg.training.max_nonfinite_steps
+        if self.nonfinite_run >= limit:
+            ray.get(self.telemetry.snapshot.remote(10**9))  # the record is in before the run stops
+            raise NonFiniteTrainingError(
+                f"training: {limit} steps in a row (steps {k - limit + 1}..{k}) had a non-finite loss or gradient "
+                f"norm (training.max_nonfinite_steps={limit}); stopping the run")
         return record
 
     def sample_account(self) -> list[int]:

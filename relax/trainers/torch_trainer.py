@@ -16,6 +16,7 @@ tokens the mask marks (the model's own; tool and environment tokens are 0); one 
 from __future__ import annotations
 
 import contextlib
+import math
 
 import torch
 
@@ -108,11 +109,15 @@ class TorchTrainer:
         """The trained model is the transformers model itself: nothing to copy."""
         return 0
 
-    def step(self) -> dict[str, float]:
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.training.grad_clip)
-        self.opt.step()
+    def step(self, skip: bool = False) -> dict[str, float]:
+        """Clip and take the optimizer step; with `skip` (the loss was not finite) or a non-finite gradient norm,
+        drop the gradients instead: parameters and optimizer state stay as they were."""
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.training.grad_clip))
+        skipped = skip or not math.isfinite(grad_norm)
+        if not skipped:
+            self.opt.step()
         self.opt.zero_grad(set_to_none=True)
-        return {"grad_norm": float(grad_norm)}
+        return {"grad_norm": grad_norm, "skipped_nonfinite": int(skipped)}
 
 
 def logp_gap(logp: torch.Tensor, rollout_lp: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:

@@ -98,11 +98,12 @@ class DCS:
         return self._coord
 
     def join(self, role: str, replica: int | None = None, *, serve: bool = False, follow: bool = False,
-             trainer: bool = False) -> str:
-        """Register this process; start its heartbeat (and serving / following threads)."""
+             trainer: bool = False, durable: bool = False) -> str:
+        """Register this process; start its heartbeat (and serving / following threads). `durable`: this member
+        outlives a global restart (the driver), so only its copy commits a version."""
         if self.id is not None:
             return self.id
-        info = ray.get(self.coord.register.remote(role, replica, os.getpid(), serve, trainer))
+        info = ray.get(self.coord.register.remote(role, replica, os.getpid(), serve, trainer, durable))
         self.id, self.role = info["id"], role
         if info["store"] is not None:
             self._pairs = PairGroups(info["store"], self.timeout_s, self.device)

@@ -7,7 +7,8 @@
   member holds which version.
 * Pairing: it pairs a receiver with a holder for each transfer session, and names the pair's process group
   (reused for every later version while `reuse_groups`; a failed session retires it).
-* Ledger: a version is *committed* once a member other than its publisher holds it; the sample ids trained
+* Ledger: a version is *committed* once a member other than its publisher holds it (the durable member, the
+  driver, when one joined: the one copy a global restart keeps); the sample ids trained
   for it count as trained only then (`ledger()`). A version that died with the trainer rolls back with its
   samples, which is what makes "every sample trained exactly once" hold across an Actor failure.
 """
@@ -56,10 +57,11 @@ class DCSCoordinator:
         self.stats = {"transfers": 0, "bytes": 0, "seconds": 0.0, "failed": 0}
 
     # -- membership
-    async def register(self, role: str, replica: int | None, pid: int, serve: bool, trainer: bool = False) -> dict:
+    async def register(self, role: str, replica: int | None, pid: int, serve: bool, trainer: bool = False,
+                       durable: bool = False) -> dict:
         mid = f"{role}{'' if replica is None else f'-{replica}'}-{uuid.uuid4().hex[:6]}"
         self.members[mid] = {"id": mid, "role": role, "replica": replica, "pid": pid, "serve": serve,
-                             "trainer": trainer}
+                             "trainer": trainer, "durable": durable}
         self.live.add(mid)
         self.queues[mid] = asyncio.Queue()
         return {"id": mid, "store": (self.host, self.store.port) if self.store is not None else None,
@@ -79,7 +81,9 @@ class DCSCoordinator:
             for s in self.sessions.values():
                 if s["state"] in ("queued", "accepted") and mid in (s["src"], s["dst"]):
                     s["state"] = "failed"
-            if self.members[mid]["trainer"]:
+            # The trainer died, or a holder died while no trainer lives (a global restart stopping every role):
+            # versions nobody alive holds any more are gone, so a new trainer may publish them again.
+            if self.members[mid]["trainer"] or not any(m["trainer"] and self._alive(i) for i, m in self.members.items()):
                 self._rollback_to_reachable()
             self.changed.notify_all()
 
@@ -133,9 +137,12 @@ class DCSCoordinator:
             self.changed.notify_all()
 
     def _commit(self) -> None:
+        # With a durable member (the driver, which outlives a global restart) only its copy commits: a version
+        # held by roles alone dies with them in a global restart, and its samples must be trained again.
+        durable = {m for m, info in self.members.items() if info.get("durable") and self._alive(m)}
         for v in sorted(self.pending):
             holders = [m for m, vs in self.holds.items() if self._alive(m) and any(x >= v for x in vs)
-                       and m != self.publisher.get(v)]
+                       and m != self.publisher.get(v) and (not durable or m in durable)]
             if not holders and self.transport == "gloo":
                 break
             self.committed[v] = self.pending.pop(v)

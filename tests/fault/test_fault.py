@@ -99,8 +99,47 @@ def test_fault_config_is_checked():
         load_config(base, ["faults=[{role: actor, at_step: 1, kind: explode}]"])
     with pytest.raises(ConfigError, match="needs mode 'async'"):
         load_config(ROOT / "experiments/colocate/cpu.yaml", ["faults=[{role: reward, at_step: 1}]"])
+    with pytest.raises(ConfigError, match="faults.0.kind: 'nan'"):
+        load_config(base, ["faults=[{role: reward, at_step: 1, kind: nan}]"])
+    with pytest.raises(ConfigError, match="faults.0.after_s"):
+        load_config(base, ["faults=[{role: actor, at_step: 1, kind: nan, after_s: 1}]"])
+    with pytest.raises(ConfigError, match="training.max_nonfinite_steps"):
+        load_config(base, ["training.max_nonfinite_steps=0"])
     cfg = load_config(base, ["faults=[{role: rollout, at_step: 2, kind: slow, duty: 0.5}]", "max_global_restart=2"])
     assert cfg.faults[0].kind == "slow" and cfg.max_global_restart == 2
+
+
+def assert_one_event_per_kill(rec: dict) -> None:
+    """Exactly one recovery event per killed process, and each names the process and its fault."""
+    kills = [f for f in rec["faults"] if f["kind"] == "kill"]
+    events = [e for e in rec["events"] if "tier" in e]
+    assert sorted(e["pid"] for e in events) == sorted(f["pid"] for f in kills), (kills, events)
+    for e in events:
+        f = next(f for f in kills if f["pid"] == e["pid"])
+        assert (e["role"], e["replica"]) == (f["role"], f["replica"]) and e["t_fault"] == f["t_fault"], (e, f)
+
+
+@pytest.mark.slow
+def test_killing_every_role_at_once_records_one_event_per_fault(tmp_path):
+    """Five kills in the same instant: the Actor's global restart brings all back; each kill has its own event
+    (those seen beside the Actor's, or found dead as the restart stops the world, are marked superseded)."""
+    from relax.config import load_config as load
+    from relax.controller import run_experiment
+
+    roles = ["rollout", "reward", "reference", "advantages", "actor"]
+    faults = "faults=[" + ", ".join(f"{{role: {r}, at_step: 2, kind: kill}}" for r in roles) + "]"
+    cfg = load(ROOT / "experiments/async/cpu.yaml", [*TINY, "steps=4", faults])
+    run_dir, summary = run_experiment(cfg, out=tmp_path, progress=False)
+    assert summary["samples_trained"] == 4 * 16
+    assert summary["samples_lost"] == 0 and summary["samples_duplicated"] == 0
+    rec = json.loads((run_dir / "recovery.json").read_text())
+    assert sorted(f["role"] for f in rec["faults"]) == sorted(roles) and rec["global_restarts"] == 1
+    assert_one_event_per_kill(rec)
+    events = [e for e in rec["events"] if "tier" in e]
+    actor = next(e for e in events if e["role"] == "actor")
+    killed = {f["pid"] for f in rec["faults"]}
+    assert actor["tier"] == 2 and actor["ready_s"] > 0 and not killed & set(actor["stopped_pids"]), actor
+    assert all(e.get("superseded_by_global_restart") or e["ready_s"] > 0 for e in events), events
 
 
 @pytest.mark.slow
@@ -124,6 +163,9 @@ def test_killing_every_role_mid_run_loses_and_repeats_no_sample(tmp_path):
     assert sorted(steps + rows_lost) == list(range(7)) and summary["steps"] == 7 - len(rows_lost)
     killed = {(f["role"]) for f in rec["faults"] if f["kind"] == "kill"}
     assert killed == {"rollout", "reward", "reference", "advantages", "actor"}
+    # Each fault fired in the step it names (the Actor's own counter; it waits for a fault due before its next step).
+    assert all(f["steps_done"] == f["at_step"] for f in rec["faults"]), rec["faults"]
+    assert_one_event_per_kill(rec)
     tiers = {e["role"]: e["tier"] for e in rec["events"]}
     assert tiers == {"rollout": 1, "reward": 1, "reference": 1, "advantages": 1, "actor": 2}
     for e in rec["events"]:
@@ -208,3 +250,118 @@ def test_recovery_report_separates_detect_ready_serving_and_throughput(tmp_path)
     md = (tmp_path / "tables" / "recovery.md").read_text()
     assert "publishes no recovery timings" in md and "| cold | rollout-1 | 1 |" in md and "imports 2.00" in md
     assert draw_recovery(tmp_path / "empty", tmp_path / "figs", tmp_path / "tables") == []
+
+
+@pytest.mark.slow
+def test_non_finite_steps_are_skipped_and_enough_in_a_row_stop_the_run(tmp_path):
+    """`nan` faults make the Actor's loss NaN at steps 1, 3 and 4: each is skipped (no update) and says so; the
+    second in a row (training.max_nonfinite_steps=2) stops the run with a clear error, and what it did is written:
+    every sample of the steps that ran is accounted (those of skipped steps as reported), none lost."""
+    import math
+
+    from relax.config import load_config as load
+    from relax.controller import RunStopped, run_experiment
+
+    faults = "faults=[{role: actor, at_step: 1, kind: nan}, {role: actor, at_step: 3, kind: nan}, " \
+             "{role: actor, at_step: 4, kind: nan}]"
+    cfg = load(ROOT / "experiments/async/cpu.yaml", [*TINY, "steps=7", "training.max_nonfinite_steps=2", faults])
+    with pytest.raises(RunStopped, match=r"2 steps in a row \(steps 3\.\.4\).*max_nonfinite_steps=2") as err:
+        run_experiment(cfg, out=tmp_path, progress=False)
+    run_dir = err.value.run_dir
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]
+    assert [r["skipped_nonfinite"] for r in rows] == [0, 1, 0, 1, 1]
+    assert all(math.isfinite(r["loss"]) == (not r["skipped_nonfinite"]) for r in rows), rows
+    assert all(math.isfinite(r["grad_norm"]) == (not r["skipped_nonfinite"]) for r in rows), rows
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert "max_nonfinite_steps=2" in summary["error"] and summary["steps"] == 5 and summary["steps_planned"] == 7
+    assert summary["steps_skipped_nonfinite"] == 3 and summary["samples_skipped_nonfinite"] == 3 * 16
+    assert summary["samples_trained"] == 5 * 16 and summary["samples_lost"] == 0 and summary["samples_duplicated"] == 0
+    rec = json.loads((run_dir / "recovery.json").read_text())
+    assert [(f["kind"], f["at_step"], f["steps_done"]) for f in rec["faults"]] == [("nan", 1, 1), ("nan", 3, 3),
+                                                                                 ("nan", 4, 4)]
+
+
+def _live_role_pids(sup) -> dict[int, str]:
+    """pid -> role of every role process the supervisor runs now (read from the run's own supervisor)."""
+    for _ in range(50):
+        try:
+            out = {pid: name for name, pid in list(sup.pids.items()) if pid is not None}
+            out.update({r.pid: "rollout" for r in sup.pool.snapshot().values() if r.status == "ACTIVE" and r.pid})
+            return out
+        except RuntimeError:  # a dict changed while read: read again
+            time.sleep(0.01)
+    return {}
+
+
+@pytest.mark.slow
+def test_random_external_kills_through_a_whole_run_lose_nothing_and_each_is_recovered(tmp_path):
+    """Chaos: SIGKILLs from outside the engine (this test, by pid) of random role processes at random times, the
+    Actor included, through a whole run. Seeded (RELAX_CHAOS_SEED overrides): a failure names its seed and
+    repeats its choices. Every sample is trained exactly once and every kill has exactly one recovery event
+    (its process's pid), recovered in place or by a global restart."""
+    import os
+    import random
+    import signal
+    import threading
+
+    import psutil
+
+    from relax.config import load_config as load
+    from relax.controller import Controller
+    from relax.preflight import preflight
+    from relax.run_folder import RunFolder
+
+    seed = int(os.environ.get("RELAX_CHAOS_SEED", "20261201"))
+    rng = random.Random(seed)
+    steps, max_kills = 10, 6
+    cfg = load(ROOT / "experiments/async/cpu.yaml", [*TINY, f"steps={steps}", f"max_global_restart={max_kills}"])
+    preflight(cfg, None)
+    run_dir = RunFolder.create(tmp_path, cfg.name, cfg.profile, None).path
+    ctl = Controller(cfg, run_dir, progress=False)
+    result: dict = {}
+
+    def run():
+        try:
+            result["summary"] = ctl.run()
+        except BaseException as err:  # reported by the test below
+            result["error"] = err
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    kills = []  # (pid, role, time)
+    while t.is_alive() and len(kills) < max_kills:
+        time.sleep(rng.uniform(1.0, 6.0))
+        sup = getattr(ctl, "supervisor", None)
+        # Kill only while at least 3 steps remain: every role still has work, so each death is seen and recovered.
+        if sup is None or not sup.pids or len(ctl.records) > steps - 3:
+            continue
+        live = _live_role_pids(sup)
+        if not live:
+            continue
+        pid = rng.choice(sorted(live))
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                continue
+            os.kill(pid, signal.SIGKILL)
+        except (psutil.NoSuchProcess, ProcessLookupError):
+            continue
+        kills.append((pid, live[pid], time.time()))
+    t.join(timeout=1800)
+    assert not t.is_alive(), f"seed {seed}: the run did not end"
+    assert "error" not in result, f"seed {seed}, kills {kills}: {result.get('error')!r}"
+    summary = result["summary"]
+    assert len(kills) >= 3, f"seed {seed}: only {len(kills)} kills landed"
+    assert summary["samples_trained"] == steps * 16, (seed, kills, summary)
+    assert summary["samples_lost"] == 0 and summary["samples_duplicated"] == 0, (seed, kills, summary)
+    rec = json.loads((run_dir / "recovery.json").read_text())
+    events = [e for e in rec["events"] if "tier" in e]
+    t0 = ctl.supervisor.t_start
+    for pid, role, t_kill in kills:
+        mine = [e for e in events if e["pid"] == pid]
+        # A kill that hit a process a global restart (begun before it) was stopping is recovered by that restart.
+        stopping = [e for e in events if e["tier"] == 2 and pid in e.get("stopped_pids", ()) and e["t_detect"] < t_kill - t0]
+        assert len(mine) == 1 or (not mine and stopping), (seed, pid, role, kills, events)
+        for e in mine:
+            assert e["role"] == role and (e.get("superseded_by_global_restart") or e["ready_s"] > 0), (seed, e)
+    assert {e["pid"] for e in events} <= {pid for pid, _, _ in kills}, (seed, kills, events)  # no death unaccounted

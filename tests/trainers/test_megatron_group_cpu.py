@@ -81,8 +81,6 @@ def test_tp2_dp2_actor_trains_publishes_and_matches_one_rank(tmp_path, single):
 
 
 @pytest.mark.slow
-@pytest.mark.skip(reason="known bug, open: in one clean-clone run (0c411b7) the Rollout waited 300 s for version >= 1 "
-                  "after the killed 2-rank groups restarted (dcs TimeoutError); passed in its author's runs")
 def test_killed_groups_restart_the_reference_in_place_and_the_actor_from_its_checkpoint(tmp_path, single):
     """Tier 1 and Tier 2 with worker groups (Actor DP 2, Reference TP 2): a killed role's process (rank 0) takes its
     rank 1 along (Ray ties an actor's life to its creator's). The Reference comes back in place with a new group;

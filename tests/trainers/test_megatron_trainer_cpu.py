@@ -49,6 +49,7 @@ for kind in ("tiny_qwen3", "tiny_qwen3_moe"):
     prompts = [torch.tensor(tok.encode(s)) for s in ("What is 3 + 4? Answer:", "12-5=", "7*6 is")]
     responses = [torch.randint(3, 90, (n,), generator=g) for n in (7, 4, 9)]
     T = cfg.rollout.temperature
+    diff = lambda a, b: max(float((x - y).abs().max()) for x, y in zip(a, b))
     lp_mg, lp_ref = mg.log_probs(prompts, responses, 4096), ref.log_probs(prompts, responses, 4096)
     noise = [0.05 * torch.randn(len(r), generator=g) for r in responses]  # ratios != 1: the clip path is used
     mb = {"prompt_ids": prompts, "response_ids": responses,
@@ -62,16 +63,31 @@ for kind in ("tiny_qwen3", "tiny_qwen3_moe"):
         tr.divide_grads(tokens)
         metrics[name] = {**m, **tr.step()}
     after_mg, after_ref = mg.log_probs(prompts, responses, 4096), ref.log_probs(prompts, responses, 4096)
+    # A non-finite step (NaN loss denominator, so NaN loss and gradients): skipped, nothing changes.
+    flat = lambda o: ([t for v in o.values() for t in flat(v)] if isinstance(o, dict) else
+                      [t for v in o for t in flat(v)] if isinstance(o, (list, tuple)) else
+                      [o.clone()] if isinstance(o, torch.Tensor) else [o])
+    nan = {}
+    for name, tr, lp in (("mg", mg, after_mg), ("ref", ref, after_ref)):
+        opt_before = flat(tr.optimizer_state())
+        m = tr.accumulate(mb, unit)
+        tr.divide_grads(float("nan"))
+        st = tr.step()
+        opt_after = flat(tr.optimizer_state())
+        same_opt = len(opt_before) == len(opt_after) and all(
+            torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b for a, b in zip(opt_before, opt_after))
+        nan[name] = {"skipped": st["skipped_nonfinite"], "grad_norm_finite": st["grad_norm"] == st["grad_norm"],
+                     "moved": diff(tr.log_probs(prompts, responses, 4096), lp), "same_opt": same_opt}
+    after_mg, after_ref = mg.log_probs(prompts, responses, 4096), ref.log_probs(prompts, responses, 4096)
     mirror = copy.deepcopy(hf)
     copied = mg.sync_hf(mirror)
     lp_mirror = compute_log_probs(mirror, pad, prompts, responses, T, 4096)
-    diff = lambda a, b: max(float((x - y).abs().max()) for x, y in zip(a, b))
     out[kind] = {"err_before": diff(lp_mg, lp_ref), "err_after": diff(after_mg, after_ref),
                  "moved": diff(after_ref, lp_ref), "err_mirror": diff(lp_mirror, after_mg), "copied": copied,
                  "n_params": len(dict(mirror.named_parameters())),
                  "loss": [metrics["mg"]["loss"], metrics["ref"]["loss"]],
                  "grad_norm": [metrics["mg"]["grad_norm"], metrics["ref"]["grad_norm"]],
-                 "shim": cpu_shim.enabled()}
+                 "shim": cpu_shim.enabled(), "nan": nan}
 print(json.dumps(out))
 """
 
@@ -100,6 +116,16 @@ def test_megatron_step_matches_the_torch_trainer(result, kind):
     assert r["moved"] > 0.1 and r["err_after"] < 1e-4, r
     # The trained shards come back to HF names and into a transformers model (what DCS publishes) exactly.
     assert r["copied"] >= r["n_params"] - 1 and r["err_mirror"] < 1e-5, r
+
+
+@pytest.mark.parametrize("kind", ["tiny_qwen3", "tiny_qwen3_moe"])
+@pytest.mark.parametrize("trainer", ["mg", "ref"])
+def test_a_non_finite_step_is_skipped_and_changes_nothing(result, kind, trainer):
+    """NaN loss and gradients (the Actor's `nan` fault divides by a NaN denominator): the Megatron and the torch
+    trainer both skip the update; weights (log-probs) and optimizer state are exactly as before."""
+    r = result[kind]["nan"][trainer]
+    assert r["skipped"] == 1 and not r["grad_norm_finite"], r
+    assert r["moved"] == 0 and r["same_opt"], r
 
 
 @pytest.mark.slow

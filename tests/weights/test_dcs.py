@@ -167,6 +167,39 @@ def test_uncommitted_version_rolls_back_with_its_samples_when_the_trainer_dies(r
         d.close()
 
 
+def test_only_the_durable_driver_commits_and_a_global_restart_rolls_back_what_died_with_the_roles(ray_session):
+    """A version the rollout holds but the driver (durable) does not is not committed; when the trainer dies and
+    then the rollout too (a global restart stopping every role), it is gone: latest falls back to the driver's
+    version, its samples leave no ledger entry, and a new trainer may publish that version again."""
+    d = DCS.start("gloo", bucket_mb=1, timeout_s=20)
+    try:
+        d.join("driver", serve=True, follow=False, durable=True)
+        d.publish(0, weights(0), pin=True)
+        trainer = Member.remote(d, "actor", trainer=True)
+        ray.get(trainer.sync.remote(min_version=0))
+        ray.get(trainer.publish.remote(1, 1, sample_ids=[1]))
+        assert d.latest_state(min_version=1)[0] == 1 and d.wait_committed(1, timeout=30)  # the driver holds it
+        ray.get(trainer.publish.remote(2, 2, sample_ids=[2]))
+        rollout = Member.remote(d, "rollout")
+        assert ray.get(rollout.sync.remote(min_version=2))[0] == 2
+        assert not d.wait_committed(2, timeout=0.5)  # a role's copy does not commit
+        ids = {m["role"]: m["id"] for m in d.topology()["members"]}
+        ray.kill(trainer)
+        d.mark_dead(ids["actor"])
+        assert d.topology()["latest"] == 2  # the rollout still holds version 2
+        ray.kill(rollout)
+        d.mark_dead(ids["rollout"])
+        topo = d.topology()
+        assert topo["latest"] == topo["reachable"] == 1 and d.ledger() == [1]
+        again = Member.remote(d, "actor", trainer=True)
+        assert ray.get(again.sync.remote(min_version=0))[0] == 1
+        ray.get(again.publish.remote(2, 5, sample_ids=[2]))  # version 2 again, from the restarted trainer
+        assert d.latest_state(min_version=2)[0] == 2 and d.wait_committed(2, timeout=30) and d.ledger() == [1, 2]
+        ray.kill(again)
+    finally:
+        d.close()
+
+
 def test_object_store_transport_has_the_same_interface(ray_session):
     d = DCS.start("object_store")
     try:

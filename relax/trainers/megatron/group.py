@@ -218,8 +218,8 @@ class MegatronGroup:
     def divide_grads(self, denom: float) -> None:
         self._all("divide_grads", lambda r: (denom,))
 
-    def step(self) -> dict[str, float]:
-        return {**self._all("step", lambda r: ())[0], "trainer_ranks": self.world}
+    def step(self, skip: bool = False) -> dict[str, float]:
+        return {**self._all("step", lambda r: (skip,))[0], "trainer_ranks": self.world}
 
     @torch.no_grad()
     def sync_hf(self, model) -> int:

@@ -403,14 +403,30 @@ class MegatronTrainer:
         state = self.hf_state()
         return copy_hf_into_model(model, state) if state is not None else 0
 
-    def step(self) -> dict[str, float]:
+    def step(self, skip: bool = False) -> dict[str, float]:
+        """Every rank: finalize the gradients and step; with `skip` (the loss was not finite) or a non-finite
+        gradient on any rank, drop the gradients instead (parameters and optimizer state unchanged)."""
         from megatron.core.distributed import finalize_model_grads
 
         finalize_model_grads([self.model])
-        ok, grad_norm, _ = self.opt.step()
+        if skip or not self._grads_finite():
+            ok, grad_norm = False, float("nan")
+        else:
+            ok, grad_norm, _ = self.opt.step()
         self.opt.zero_grad()
         self.model.zero_grad_buffer()
-        return {"grad_norm": float(grad_norm) if grad_norm is not None else float("nan"), "update_ok": bool(ok)}
+        return {"grad_norm": float(grad_norm) if grad_norm is not None else float("nan"), "update_ok": bool(ok),
+                "skipped_nonfinite": int(not ok)}
+
+    def _grads_finite(self) -> bool:
+        """Whether every rank's gradient buffers are finite (one all-reduce, so that all ranks agree)."""
+        bufs = [*getattr(self.model, "buffers", []), *getattr(self.model, "expert_parallel_buffers", [])]
+        bad = torch.zeros(1, dtype=torch.float32, device=bufs[0].grad_data.device if bufs else "cpu")
+        for b in bufs:
+            bad += (~torch.isfinite(b.grad_data)).any().float()
+        if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+            torch.distributed.all_reduce(bad, op=torch.distributed.ReduceOp.MAX)
+        return float(bad) == 0
 
 
 def build_rank_trainer(cfg, hf_config, hf_state, pad_id: int, role: str = "actor",
