@@ -1,8 +1,8 @@
 """Tasks: seeded, indexable prompt sets with their scorer.
 
-`make_task(cfg, seed, split)` builds the train or eval split of `cfg.name`: `dapo_math` (a local file, see
-`relax.tasks.dapo`), `digit_sum` (omni, relax/omni/task.py), `tool_arith` (agent, relax/agent/task.py) or
-any reasoning-gym dataset. `task[i]` is a `Prompt`; `task.score(prompt, text)`
+`make_task(cfg, seed, split)` builds the train or eval split of `cfg.name`: `local_dataset` or `dapo_math`
+(researchers' own jsonl / parquet / save_to_disk data, `relax.tasks.data_files`), `digit_sum` (omni,
+relax/omni/task.py), `tool_arith` (agent, relax/agent/task.py) or any reasoning-gym dataset. `task[i]` is a `Prompt`; `task.score(prompt, text)`
 grades a response with the reward named by `cfg.reward`. `supervised_pairs(task, n)` gives warm-up pairs.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Literal
 
 from relax.config import TaskConfig
-from relax.tasks import dapo, gym
+from relax.tasks import data_files, gym
 from relax.tasks.base import Task, supervised_pairs
 from relax.tasks.prompt import Prompt
 
@@ -29,7 +29,8 @@ def _tool_arith(cfg, seed, split):  # agent (relax/agent/task.py): multiply with
     return load(cfg, seed, split)
 
 
-_LOCAL = {"dapo_math": dapo.load, "digit_sum": _digit_sum, "tool_arith": _tool_arith}
+_LOCAL = {"local_dataset": data_files.load, "dapo_math": data_files.load, "digit_sum": _digit_sum,
+          "tool_arith": _tool_arith}
 
 
 def make_task(cfg: TaskConfig, seed: int, split: Literal["train", "eval"]) -> Task:
