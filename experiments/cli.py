@@ -15,6 +15,7 @@ STUDIES = {
     "algorithms": "experiments.algorithms.study",  # GRPO, GSPO, SAPO, OPD, PPO + Critic from one warm-up
     "omni": "experiments.omni.study",  # async vs colocate on the omni task
     "recovery": "experiments.recovery.study",  # kills, DCS bench, elastic phases
+    "headroom": "experiments.headroom.study",  # RL's held-out accuracy gain from a warm start with room, seeds
 }
 BENCHES = {"dcs": "experiments.recovery.dcs_bench"}  # DCS weight sync against a raw gloo broadcast
 

@@ -40,4 +40,12 @@ def make_task(cfg: TaskConfig, seed: int, split: Literal["train", "eval"]) -> Ta
     if local is not None and cfg.reward == "reasoning_gym":
         raise ValueError(f"task.reward: {cfg.name} is not a reasoning-gym task; use math_verify or exact")
     length, row = (local or gym.load)(cfg, seed, split)
+    if split == "train" and cfg.exclude_eval_questions:
+        eval_length, eval_row = (local or gym.load)(cfg, seed, "eval")
+        held_out = {eval_row(i)[0] for i in range(eval_length)}
+        keep = [i for i in range(length) if row(i)[0] not in held_out]
+        if not keep:
+            raise ValueError(f"task.exclude_eval_questions: every train question of {cfg.name} is in the eval "
+                             f"split ({len(held_out)} distinct); lower task.eval_size")
+        length, row = len(keep), (lambda i, base=row: base(keep[i]))
     return Task(cfg.name, cfg.prompt_template, cfg.reward, length, row)

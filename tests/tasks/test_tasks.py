@@ -89,3 +89,12 @@ def test_supervised_pairs():
     assert supervised_pairs(chat, 1)[0][1] == chat[0].answer  # no space after a newline
     with pytest.raises(ValueError, match="no prompts"):
         supervised_pairs(make_task(TaskConfig(eval_size=0), 0, "eval"), 1)
+
+
+def test_exclude_eval_questions_drops_them_from_training():
+    cfg = TaskConfig(params=ADD, size=300, eval_size=20, exclude_eval_questions=True)
+    train, ev = make_task(cfg, 0, "train"), make_task(cfg, 0, "eval")
+    held_out = {p.question for p in ev}
+    assert len(ev) == 20 and 0 < len(train) < 300
+    assert not held_out & {p.question for p in train}
+    assert [p.prompt_id for p in train] == list(range(len(train)))
