@@ -61,10 +61,15 @@ def run_study(config: str, seeds: list[int], names: list[str], out: Path, steps:
         if parallel:  # every seed at once: they share the cores (each run's host load says how much)
             spawned = {s: launch.spawn(config, args(s), out=root / "runs", run=f"seed{s}",
                                        log=root / f"{name}-seed{s}.log") for s in seeds}
-            for seed, child in spawned.items():
+            failed = []
+            for seed, child in spawned.items():  # wait for every seed: one failing leaves the others running
                 if child.wait() != 0:
-                    raise RuntimeError(f"{name} seed {seed} failed: see {root / f'{name}-seed{seed}.log'}")
+                    failed.append(f"{name} seed {seed} (see {root / f'{name}-seed{seed}.log'})")
+                    continue
                 _record(results, root, name, seed, child.run_dir, RunFolder(child.run_dir).summary())
+                path.write_text(json.dumps(results, indent=2))
+            if failed:
+                raise RuntimeError(f"failed: {', '.join(failed)}; the others are recorded in {path}")
         else:
             for seed in seeds:
                 run_dir, summary = launch.run(config, args(seed), out=root / "runs", run=f"seed{seed}")
