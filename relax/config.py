@@ -74,6 +74,10 @@ class TaskConfig(Strict):
     # Distinct training prompts the rollout cycles through (None: all `size`). A small pool turns RL into
     # a fast, bounded check that reward rises; the warm-up always sees the whole task.
     rl_pool: int | None = Field(None, ge=1)
+    # Drop every train row (warm-up and RL) whose question is also in the eval split, so held-out accuracy is
+    # on questions never trained on. A small question space (1-digit arithmetic: 200 questions) otherwise
+    # repeats each eval question in training. Costs making every train row once when the task is built.
+    exclude_eval_questions: bool = False
     # genrm: a generative judge served as its own role (the `genrm` section).
     # tool_answer: the <answer>..</answer> of the model's own tokens (agent tasks), matched exactly.
     reward: Literal["reasoning_gym", "math_verify", "exact", "multiple_choice", "format", "genrm",

@@ -132,25 +132,27 @@ def test_an_unusable_api_port_fails_validate(capsys):
     assert relax_main(["validate", str(CPU), "--api-port", "0"]) == 0
 
 
-def _dapo(tmp_path, content: bytes) -> list[str]:
-    data = tmp_path / "dapo.jsonl"
+def _data(tmp_path, content: bytes) -> list[str]:
+    data = tmp_path / "data.jsonl"
     data.write_bytes(content)
-    return ["task.name=dapo_math", "task.reward=math_verify", f"task.params={{path: {data}}}", "task.eval_size=1",
-            "task.size=2"]
+    return ["task.name=local_dataset", "task.reward=math_verify", f"task.params={{path: {data}, prompt: problem}}",
+            "task.eval_size=1", "task.size=2"]
 
 
 def test_a_data_file_with_unreadable_rows_names_the_row(tmp_path, capsys):
     good = json.dumps({"problem": "1+1?", "answer": "2"}).encode() + b"\n"
     two = good + json.dumps({"problem": "2+2?", "answer": "4"}).encode() + b"\n"
-    assert relax_main(["validate", str(CPU), *_dapo(tmp_path, two + json.dumps({"problem": "3", "answer": "3"}).encode())]) == 0
+    assert relax_main(["validate", str(CPU), *_data(tmp_path, two + json.dumps({"problem": "3", "answer": "3"}).encode())]) == 0
     capsys.readouterr()
-    err = _validate_cli(capsys, CPU, *_dapo(tmp_path, two + b'{"problem": "caf\xe9", "answer": "1"}\n'))
-    assert "dapo.jsonl line 3" in err and "UTF-8" in err
-    err = _validate_cli(capsys, CPU, *_dapo(tmp_path, good + b"{not json\n"))
-    assert "dapo.jsonl line 2" in err
-    err = _validate_cli(capsys, CPU, *_dapo(tmp_path, two + json.dumps({"problem": "x"}).encode() + b"\n"))
-    assert "row 2" in err
-    assert "no such file" in _validate_cli(capsys, CPU, *_dapo(tmp_path, good)[:2], "task.params={path: /no/such.jsonl}")
+    err = _validate_cli(capsys, CPU, *_data(tmp_path, two + b'{"problem": "caf\xe9", "answer": "1"}\n'))
+    assert "data.jsonl line 3" in err and "UTF-8" in err
+    err = _validate_cli(capsys, CPU, *_data(tmp_path, good + b"{not json\n"))
+    assert "data.jsonl line 2" in err
+    err = _validate_cli(capsys, CPU, *_data(tmp_path, two + json.dumps({"problem": "x"}).encode() + b"\n"))
+    assert "task.params.answer: data.jsonl row 2 column 'answer'" in err
+    err = _validate_cli(capsys, CPU, *_data(tmp_path, two + json.dumps({"problem": "", "answer": "1"}).encode() + b"\n"))
+    assert "task.params.prompt: data.jsonl row 2 column 'problem'" in err
+    assert "no such file" in _validate_cli(capsys, CPU, *_data(tmp_path, good)[:2], "task.params={path: /no/such.jsonl, prompt: q}")
 
 
 def test_run_fails_before_the_run_folder_exists_and_before_ray(tmp_path, capsys, monkeypatch):

@@ -103,6 +103,38 @@ def test_colocate_sleeps_and_wakes_the_engine(tmp_path):
     assert not any(a0 < b1 and b0 < a1 for a0, a1 in gen for b0, b1 in train)
 
 
+def _sums_parquet(path: Path, n: int, bad_row: int | None = None) -> Path:
+    """A researcher's own parquet file: `question` text and a nested `label.value` answer."""
+    import datasets
+
+    rows = [{"question": f"{i % 10}+{i // 10}=", "label": {"value": str(i % 10 + i // 10)}} for i in range(n)]
+    if bad_row is not None:
+        rows[bad_row]["label"]["value"] = None
+    datasets.Dataset.from_list(rows).to_parquet(str(path))
+    return path
+
+
+def test_colocate_run_on_a_parquet_file(tmp_path):
+    """task.name=local_dataset: the warm-up, rollout, reward and evaluation all read the parquet rows through
+    the column mapping; a bad row fails the same command before anything starts."""
+    def run(data: Path, out: Path) -> subprocess.CompletedProcess:
+        task = ["task.name=local_dataset", "task.reward=exact", "task.prompt_template='{question}'",
+                f"task.params={{path: {data}, prompt: question, answer: label.value}}", "task.size=84"]
+        cmd = [sys.executable, "-m", "relax.cli", "run", "experiments/colocate/cpu.yaml", "--steps", "2", "--out",
+               str(out), "--no-progress", *SMALL, *task]
+        return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+    data = _sums_parquet(tmp_path / "sums.parquet", 100)
+    proc = run(data, tmp_path / "results")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run_dir,) = list((tmp_path / "results" / "colocate" / "cpu").iterdir())
+    _check_run(run_dir, 2, 0, ROLES)
+    assert load_config(run_dir / "config.yaml").task.params["path"] == str(data)
+    proc = run(_sums_parquet(tmp_path / "bad.parquet", 100, bad_row=57), tmp_path / "bad")
+    assert proc.returncode == 2 and "task.params.answer: bad.parquet row 57 column 'label.value'" in proc.stderr
+    assert not (tmp_path / "bad").exists()  # nothing half-written, Ray never started
+
+
 def test_bad_config_fails_before_anything_starts(tmp_path):
     cmd = [sys.executable, "-m", "relax.cli", "run", "experiments/async/cpu.yaml", "--out", str(tmp_path),
            "rollout.group_size=1"]

@@ -29,7 +29,8 @@ def cache_root() -> Path:
 
 
 def warmup_key(cfg: ExperimentConfig) -> str:
-    task = cfg.task.model_dump(mode="json", exclude={"rl_pool", "eval_size"})  # RL-only knobs
+    # RL-only knobs; eval_size decides the train rows when they exclude the eval questions
+    task = cfg.task.model_dump(mode="json", exclude={"rl_pool"} | (set() if cfg.task.exclude_eval_questions else {"eval_size"}))
     blob = json.dumps({"model": cfg.model.model_dump(mode="json"), "task": task,
                        "warmup": cfg.warmup.model_dump(mode="json"), "seed": cfg.seed}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]

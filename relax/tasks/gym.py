@@ -22,7 +22,7 @@ def load(cfg: TaskConfig, seed: int, split: str) -> tuple[int, Callable[[int], R
     import reasoning_gym as rg
 
     if cfg.name not in rg.factory.DATASETS:
-        raise ValueError(f"task.name: unknown task {cfg.name!r}; use dapo_math or a reasoning-gym dataset: "
+        raise ValueError(f"task.name: unknown task {cfg.name!r}; use local_dataset, dapo_math or a reasoning-gym dataset: "
                          f"{', '.join(sorted(rg.factory.DATASETS))}")
     n = cfg.size if split == "train" else cfg.eval_size
     if n > SPAN:

@@ -1,4 +1,4 @@
-"""Tasks: seeded splits, prompt fields, scoring, warm-up pairs, and the local dapo_math loader."""
+"""Tasks: seeded splits, prompt fields, scoring, warm-up pairs (data files: test_data_files.py)."""
 
 import json
 from dataclasses import asdict
@@ -91,68 +91,10 @@ def test_supervised_pairs():
         supervised_pairs(make_task(TaskConfig(eval_size=0), 0, "eval"), 1)
 
 
-def _dapo_rows(n):
-    # DAPO-Math-17k's layout, plus the plain problem/answer layout.
-    rows = [{"data_source": "math_dapo", "prompt": [{"role": "user", "content": f"What is {i} squared?"}],
-             "reward_model": {"ground_truth": str(i * i), "style": "rule"}} for i in range(n - 1)]
-    return rows + [{"problem": "What is one half?", "answer": r"\frac{1}{2}"}]
-
-
-def _write_jsonl(path, rows):
-    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    return path
-
-
-def test_dapo_math_from_jsonl(tmp_path):
-    rows = _dapo_rows(10)
-    path = _write_jsonl(tmp_path / "dapo.jsonl", rows + rows[:4])  # DAPO-Math-17k repeats its problems
-    cfg = TaskConfig(name="dapo_math", params={"path": str(path)}, size=100, eval_size=3, reward="math_verify",
-                     prompt_template="{question}")
+def test_exclude_eval_questions_drops_them_from_training():
+    cfg = TaskConfig(params=ADD, size=300, eval_size=20, exclude_eval_questions=True)
     train, ev = make_task(cfg, 0, "train"), make_task(cfg, 0, "eval")
-    assert (len(train), len(ev)) == (7, 3)
-    rows = {p.meta["row"] for p in train} | {p.meta["row"] for p in ev}
-    assert rows == set(range(10))
-    by_question = {p.question: p for p in list(train) + list(ev)}
-    p = by_question["What is 3 squared?"]
-    assert p.answer == "9" and p.prompt == p.question
-    assert train.score(p, "3*3 is\nAnswer: 9") == 1.0 and train.score(p, "Answer: 6") == 0.0
-    half = by_question["What is one half?"]
-    assert train.score(half, r"\boxed{0.5}") == 1.0
-
-
-def test_dapo_math_parquet(tmp_path):
-    pytest.importorskip("pyarrow")
-    import pandas as pd
-
-    pd.DataFrame(_dapo_rows(5)[:4]).to_parquet(tmp_path / "dapo.parquet")
-    cfg = TaskConfig(name="dapo_math", params={"path": str(tmp_path / "dapo.parquet")}, eval_size=1, reward="exact")
-    task = make_task(cfg, 0, "train")
-    assert len(task) == 3 and all(p.question.startswith("What is") for p in task)
-
-
-def test_dapo_math_bad_input(tmp_path):
-    def make(**kw):
-        return make_task(TaskConfig(name="dapo_math", reward="math_verify", **kw), 0, "train")
-
-    with pytest.raises(ValueError, match="task.params"):
-        make(params={})
-    with pytest.raises(ValueError, match="task.params.path: no such file"):
-        make(params={"path": str(tmp_path / "missing.jsonl")})
-    with pytest.raises(ValueError, match="task.params.path: expected a .parquet or .jsonl"):
-        make(params={"path": str(_write_jsonl(tmp_path / "rows.csv", []))})
-    bad = _write_jsonl(tmp_path / "bad.jsonl", _dapo_rows(3) + [{"problem": "no answer"}])
-    with pytest.raises(ValueError, match="bad.jsonl row 3 has no answer"):
-        make(params={"path": str(bad)}, eval_size=1)
-    with pytest.raises(ValueError, match="task.eval_size"):
-        make(params={"path": str(_write_jsonl(tmp_path / "two.jsonl", _dapo_rows(2)))}, eval_size=2)
-    with pytest.raises(ValueError, match="task.reward"):
-        make_task(TaskConfig(name="dapo_math", params={"path": str(bad)}), 0, "train")
-
-
-def test_dapo_math_parquet_without_pyarrow_says_what_to_install(tmp_path, monkeypatch):
-    import sys
-
-    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)  # `import pyarrow.parquet` raises ImportError
-    (tmp_path / "dapo.parquet").write_bytes(b"")
-    with pytest.raises(ValueError, match="task.params.path: reading parquet needs pyarrow"):
-        make_task(TaskConfig(name="dapo_math", params={"path": str(tmp_path / "dapo.parquet")}, reward="exact"), 0, "train")
+    held_out = {p.question for p in ev}
+    assert len(ev) == 20 and 0 < len(train) < 300
+    assert not held_out & {p.question for p in train}
+    assert [p.prompt_id for p in train] == list(range(len(train)))

@@ -1,0 +1,73 @@
+"""The head-room benchmark's table (the study: experiments/headroom/study.py, `relax study headroom`, writing
+`<out>/headroom/headroom.json` beside its runs).
+
+`write_headroom(results_root, tables_dir)` writes `headroom.{md,csv}`: one row per run (seed) and, per variant,
+the mean held-out greedy-accuracy gain (after RL minus the warm-up start, on the run's eval prompts, which RL
+never trained on) with its 95% Student-t interval over the seeds, the training seconds and the 1-minute host
+load at the run's start.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from analysis.tables import write_table
+
+RESULTS_FILE = "headroom.json"
+COLUMNS = ["variant", "seed", "steps", "eval_size", "accuracy_start", "accuracy_end", "gain", "gain_ci95",
+           "train_time_s", "tokens_per_s", "load_1min"]
+NOTE = ("Measured: tiny Qwen3 (char tokenizer) warm-started by a short SFT, then RL (experiments/headroom/cpu.yaml), "
+        "on a 2-core CPU shared with other jobs (1-minute load average at each run's start in the table: above 2 the "
+        "cores were over-subscribed and training seconds are inflated by it). Accuracy: greedy, on the eval split's "
+        "prompts, which no warm-up or RL step saw. Gain: accuracy after RL minus at the warm-up start; the variant "
+        "rows give the mean over seeds with a 95% Student-t interval (mean +- t(0.975, n-1) * sd / sqrt(n)). "
+        "No published counterpart.")
+
+
+def interval(values: list[float]) -> tuple[float, float | None]:
+    """(mean, half-width of the 95% Student-t interval; None for fewer than 2 values)."""
+    from scipy.stats import t
+
+    n = len(values)
+    mean = sum(values) / n
+    if n < 2:
+        return mean, None
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    return mean, float(t.ppf(0.975, n - 1)) * sd / math.sqrt(n)
+
+
+def headroom_rows(results: dict) -> list[dict]:
+    by_variant: dict[str, list[dict]] = {}
+    for r in results.get("runs", {}).values():
+        by_variant.setdefault(r["variant"], []).append(r)
+    rows = []
+    for name, runs in by_variant.items():
+        runs.sort(key=lambda r: r["seed"])
+        for r in runs:
+            rows.append({"variant": name, "seed": r["seed"], "steps": r["steps"], "eval_size": r["eval_size"],
+                         "accuracy_start": round(r["eval_accuracy_start"], 4),
+                         "accuracy_end": round(r["eval_accuracy_end"], 4),
+                         "gain": round(r["eval_accuracy_end"] - r["eval_accuracy_start"], 4), "gain_ci95": None,
+                         "train_time_s": round(r["train_time_s"]), "tokens_per_s": round(r["tokens_per_s"], 1),
+                         "load_1min": (r.get("load_before") or [None])[0]})
+        mean, half = interval([r["eval_accuracy_end"] - r["eval_accuracy_start"] for r in runs])
+        mean_of = lambda k: round(sum(r[k] for r in runs) / len(runs), 4)  # noqa: E731
+        rows.append({"variant": f"**{name}: mean of {len(runs)}**", "seed": None, "steps": None, "eval_size": None,
+                     "accuracy_start": mean_of("eval_accuracy_start"), "accuracy_end": mean_of("eval_accuracy_end"),
+                     "gain": round(mean, 4), "gain_ci95": None if half is None else f"+-{half:.4f}",
+                     "train_time_s": round(sum(r["train_time_s"] for r in runs) / len(runs)), "tokens_per_s": None,
+                     "load_1min": None})
+    return rows
+
+
+def write_headroom(results_root: Path, tables_dir: Path) -> list[Path]:
+    path = Path(results_root) / "headroom" / RESULTS_FILE
+    if not path.exists():
+        return []
+    rows = headroom_rows(json.loads(path.read_text()))
+    if not rows:
+        return []
+    return write_table(rows, tables_dir, "headroom", "Head-room benchmark: held-out greedy accuracy gain from RL "
+                       "(CPU scale, seeds)", NOTE, COLUMNS)
