@@ -48,10 +48,10 @@ def test_kv_rows_are_freed_as_sequences_finish_and_requests_join():
     prompts = _prompts(tok, 9, seed=2)
     limits = [2, 2, 2, 30, 30, 30, 30, 30, 30]
     sizes, order = [], []
-    for i, *_ in continuous_generate(engine.model, prompts, limits, 3, tok.pad_token_id, -1,  # -1: never EOS
-                                     lambda lg: sample_tokens(lg, 0.0, 1.0, engine.gen),
-                                     on_step=lambda b: sizes.append((len(b), b.kv_rows))):
-        order.append(i)
+    for row in continuous_generate(engine.model, prompts, limits, 3, tok.pad_token_id, -1,  # -1: never EOS
+                                   lambda lg: sample_tokens(lg, 0.0, 1.0, engine.gen),
+                                   on_step=lambda b: sizes.append((len(b), b.kv_rows))):
+        order.append(row.index)
     assert all(rows == kv for rows, kv in sizes)  # the cache holds exactly the live rows
     assert max(n for n, _ in sizes) == 3
     # The three short ones finish first and free their rows for the next three at once; then the rest.
