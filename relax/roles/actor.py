@@ -180,7 +180,7 @@ class ActorRole(ModelRole):
         for mb in loader:
             with self.rec.span("train_micro_batch", step=k, rows=mb.size, fields=sorted(mb.data)):
                 data = dict(mb.data)
-                if "old_log_probs" in data:
+                if "old_log_probs_version" in data:  # ActorFwd wrote them (an emulated schedule sets its own)
                     gap += sum(float((o - r).abs().sum()) for o, r in zip(data["old_log_probs"], data["rollout_log_probs"]))
                     gap_tokens += sum(len(r) for r in data["rollout_log_probs"])
                     fwd_exact += int((data["old_log_probs_version"] == data["weight_version"]).sum())
