@@ -20,7 +20,7 @@ from typing import Callable
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -164,7 +164,8 @@ def create_app(manager: ScaleManager, token: str, metrics: Callable[[], dict] | 
 
     registry = registry_for(run_metrics)  # this app's own (relax/api/prometheus.py)
 
-    @api.get("/metrics", response_class=PlainTextResponse, tags=["status"],
+    # response_class Response (no media type): PlainTextResponse would document the JSON 401 as text/plain.
+    @api.get("/metrics", tags=["status"], response_model=None, response_class=Response,
              responses={200: {"description": "Prometheus text (OpenMetrics when the Accept header asks for it)",
                               "content": {"text/plain": {}, "application/openmetrics-text": {}}}})
     def get_metrics(request: Request) -> Response:
