@@ -17,14 +17,13 @@ Writes JSON to `--out` (default results/bus_bench/<time>.json).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 from collections import Counter
-from pathlib import Path
 
 import torch
 
+from experiments.bench_output import write_bench
 from relax.run_folder import HostLoad
 
 TOKENS = 20_480  # a long-reasoning response
@@ -198,8 +197,6 @@ def main(args: argparse.Namespace) -> int:
     print("memcpy " + ", ".join(f"{k} {v:.2f} GB/s" for k, v in result["memcpy_gb_per_s"].items()))
     host.__exit__(None, None, None)
     result["load_avg_1m_after"] = host.record["loadavg_after"][0]
-    out = Path(args.out or f"results/bus_bench/{time.strftime('%Y%m%d-%H%M%S')}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
+    out = write_bench(result, "bus", args.out)
     print(f"load average {result['load_avg_1m_before']} -> {result['load_avg_1m_after']}; wrote {out}")
     return 0 if all(r["lost"] == r["duplicated"] == r["unknown"] == 0 for r in result["runs"]) else 1

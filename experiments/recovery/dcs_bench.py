@@ -22,7 +22,6 @@ Writes JSON to `--out` (default results/dcs_bench/<time>.json).
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import os
 import statistics
@@ -33,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from experiments.bench_output import write_bench
 from relax.run_folder import HostLoad
 
 
@@ -206,8 +206,6 @@ def main(args: argparse.Namespace) -> int:
               f"sync {best['sync_s']:.3f} s vs disk reload {result['disk_reload']['cold']['median_s']:.3f} s cold")
     host.__exit__(None, None, None)
     result["load_avg_1m_after"] = host.record["loadavg_after"][0]
-    out = Path(args.out or f"results/dcs_bench/{time.strftime('%Y%m%d-%H%M%S')}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
+    out = write_bench(result, "dcs", args.out)
     print(f"load average {result['load_avg_1m_before']} -> {result['load_avg_1m_after']}; wrote {out}")
     return 0

@@ -16,15 +16,14 @@ over rounds. Writes JSON to `--out` (default results/streaming_bench/<time>.json
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import random
 import statistics
 import time
-from pathlib import Path
 
 import torch
 
+from experiments.bench_output import write_bench
 from relax.config import ModelConfig
 from relax.engines import TorchEngine
 from relax.run_folder import HostLoad, format_host_load
@@ -108,9 +107,7 @@ def main(args: argparse.Namespace) -> int:
     summary["first_group_ratio"] = statistics.median(c["first_group_s"] / k["first_group_s"] for k, c in pairs)
     out = {"bench": "streaming", "args": {k: v for k, v in vars(args).items() if k not in ("func", "argv")},
            "summary": summary, "runs": runs, "host_load": load.record}
-    path = Path(args.out or f"results/streaming_bench/{time.strftime('%Y%m%d-%H%M%S')}.json")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=1))
+    path = write_bench(out, "streaming", args.out)
     for w in ways:
         s = summary[w]
         print(f"{w:11s} {s['tokens_per_s']:9.1f} tokens/s  partition {s['partition_s']:.2f} s  "
