@@ -45,6 +45,8 @@ METRICS: dict[str, tuple[str, str, str, str | None]] = {
                             None),
     "bus_rows_held": ("relax_bus_rows_held", "gauge", "rows on the TransferQueue bus (all partitions)", None),
     "bus_partitions_held": ("relax_bus_partitions_held", "gauge", "partitions on the bus not yet freed", None),
+    "bus_queue_depth": ("relax_bus_queue_depth", "gauge",
+                        "rows on the bus each role could fetch now and has not yet (its input queue)", "role"),
     "samples_trained": ("relax_samples_trained", "counter", "samples in committed weight versions (DCS ledger)",
                         None),
     "samples_lost": ("relax_samples_lost", "gauge", "samples of committed steps missing from the ledger", None),

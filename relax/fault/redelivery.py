@@ -4,6 +4,7 @@ ack), so rows a killed role fetched but never wrote are lost to its task unless 
 `redeliver(bus, task)` resets the task's consumption on every live partition (TQ `reset_consumption`); the
 restarted role then skips rows whose output fields already exist (`produced`). `existing_groups` tells a
 rollout replica which groups of a partition already landed (a claim cut mid-put must not be generated twice).
+`waiting` counts what a task has still to fetch (the role's queue depth on the bus, for /metrics).
 """
 
 from __future__ import annotations
@@ -47,6 +48,16 @@ def produced(bus: Bus, step: int, fields: list[str]) -> set[int]:
     if not fields:
         return set()
     return set(_probe(bus, step, fields).global_indexes)
+
+
+def waiting(bus: Bus, step: int, task: str, fields: list[str]) -> int:
+    """Rows of partition `step` whose `fields` all exist and that `task` has not fetched yet."""
+    ready = produced(bus, step, fields)
+    index, consumed = bus._tq().get_consumption_status(task_name=task, partition_id=partition_id(step))
+    if index is None:  # the partition is gone (trained and cleared since it was listed)
+        return 0
+    done = {int(g) for g, c in zip(torch.as_tensor(index).tolist(), torch.as_tensor(consumed).tolist()) if c}
+    return len(ready - done)
 
 
 def existing_groups(bus: Bus, step: int) -> set[int]:

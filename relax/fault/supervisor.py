@@ -42,9 +42,9 @@ from relax.api.pool import GroupQueue, RayRolloutPool
 from relax.config import runs_megatron
 from relax.fault.heartbeat import missed_heartbeats
 from relax.fault.inject import FaultInjector
-from relax.fault.redelivery import live_partitions, redeliver
+from relax.fault.redelivery import live_partitions, redeliver, waiting
 from relax.placement import Placement
-from relax.roles.registry import ROLES, task_of
+from relax.roles.registry import ROLES, role_class, task_of
 from relax.run_folder import CHECKPOINTS, RunFolder
 from relax.schedules.context import RunContext
 from relax.weights import DCS
@@ -486,9 +486,25 @@ class Supervisor:
             "step_time_seconds": row.get("step_time_s"), "trainer_wait_seconds": row.get("trainer_wait_s"),
             "weight_sync_seconds": row.get("weight_sync_s"),
             "bus_rows_held": sum(held.values()), "bus_partitions_held": len(held),
+            "bus_queue_depth": self.queue_depth(held),
             "samples_trained": len(ledger), "samples_lost": len(expected - set(ledger)),
             "samples_duplicated": len(ledger) - len(set(ledger)),
         }
+
+    def queue_depth(self, held: dict[int, int]) -> dict[str, int] | None:
+        """Rows on the bus each consuming role could fetch now and has not (its input queue), over the held
+        partitions; None (left out of /metrics) if the bus cannot say, e.g. a partition cleared mid-count."""
+        depth = {}
+        try:
+            for n in self.ctx.role_names:
+                task = task_of(n) if n != "rollout" else None
+                if task:
+                    fields = role_class(n).reads(self.cfg)
+                    depth[n] = sum(waiting(self.ctx.bus, k, task, fields) for k in held)
+        except Exception as err:  # noqa: BLE001 -- a scrape must never fail the page
+            log.debug("bus queue depth unavailable: %s", err)
+            return None
+        return depth
 
     def write_report(self) -> dict:
         topo = self.dcs.topology() if getattr(self, "dcs", None) is not None else {}

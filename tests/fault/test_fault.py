@@ -187,7 +187,7 @@ def test_redelivery_hands_unwritten_rows_out_again_and_skips_written_ones(local_
 
     from relax.bus import Bus
     from relax.config import BusConfig
-    from relax.fault.redelivery import existing_groups, live_partitions, produced, redeliver
+    from relax.fault.redelivery import existing_groups, live_partitions, produced, redeliver, waiting
 
     bus = Bus.start(BusConfig(capacity_rows=64), group_size=2, max_staleness=1)
     try:
@@ -195,11 +195,17 @@ def test_redelivery_hands_unwritten_rows_out_again_and_skips_written_ones(local_
                 "response_ids": [torch.arange(n + 1) for n in range(6)]}
         bus.put_rows(0, rows)
         assert live_partitions(bus) == [0] and existing_groups(bus, 0) == {0, 1, 2} and existing_groups(bus, 1) == set()
+        # queue depth: all 6 wait for reward; nothing for advantages, whose input (rewards) is not written yet
+        assert waiting(bus, 0, "reward", ["response_ids"]) == 6 and waiting(bus, 0, "advantages", ["rewards"]) == 0
+        assert bus.fetch(0, "reward", ["response_ids"], max_rows=2).size == 2
+        assert waiting(bus, 0, "reward", ["response_ids"]) == 4
+        redeliver(bus, "reward", 0)
         got = bus.fetch(0, "reward", ["response_ids"], max_rows=6)
-        assert got.size == 6
+        assert got.size == 6 and waiting(bus, 0, "reward", ["response_ids"]) == 0
         # The role writes rewards for two rows, then dies: the other four are consumed but never written.
         first = got.select([0, 1])
         bus.write(first, {"rewards": torch.tensor([1.0, 0.0])})
+        assert waiting(bus, 0, "advantages", ["rewards"]) == 2
         assert bus.fetch(0, "reward", ["response_ids"], max_rows=6) is None  # lost to the task without redelivery
         done = produced(bus, 0, ["rewards"])
         assert done == set(first.indexes)
