@@ -22,6 +22,7 @@ BENCHES = {
     "dcs": "experiments.recovery.dcs_bench",  # DCS weight sync against a raw gloo broadcast
     "streaming": "experiments.streaming.bench",  # continuous batching against chunked generate
     "bus": "experiments.bus.bench",  # bus put/get throughput against memcpy and Ray's object store
+    "sinks": "experiments.sinks.bench",  # step time with every metrics sink on against them off, side by side
 }
 
 
@@ -50,4 +51,4 @@ def register_study(subparsers) -> None:
 
 def register_bench(subparsers) -> None:
     _register(subparsers, "bench", BENCHES, "a micro-benchmark (dcs: weight sync against the raw broadcast; "
-              "bus: put/get throughput)")
+              "bus: put/get throughput; sinks: the metrics sinks' cost to step time)")

@@ -237,6 +237,8 @@ class Controller:
             "backends": getattr(getattr(self, "supervisor", None), "backends", {}),  # what ran each role
             # metrics.sinks, and those that failed during the run (name -> the error that turned it off)
             "metrics_sinks": list(cfg.metrics.sinks), "metrics_sinks_failed": dict(self.reporter.failed),
+            # wall seconds each sink's calls took in the driver's poll, over the run (close included)
+            "metrics_sinks_s": {n: round(v, 4) for n, v in self.reporter.seconds.items()},
             "environment": {"cpus": os.cpu_count(), "torch": torch.__version__, "ray": ray.__version__,
                             "python": platform.python_version(), "machine": platform.machine(),
                             "hardware": hardware_description()},

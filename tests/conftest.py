@@ -24,6 +24,57 @@ def local_ray():
         yield session
 
 
+def _listeners(root) -> dict[tuple[str, int], str]:
+    """Every listening TCP socket (and bound UDP socket) of `root` and its descendants: (ip, port) -> process."""
+    import socket
+
+    import psutil
+
+    out = {}
+    try:
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return out
+    for p in procs:
+        try:
+            for c in p.net_connections("inet"):
+                if c.status == psutil.CONN_LISTEN or (c.type == socket.SOCK_DGRAM and not c.raddr):
+                    out[(c.laddr.ip, c.laddr.port)] = f"{p.pid} {p.name()}"
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return out
+
+
+@pytest.fixture
+def watch_listeners():
+    """`seen = watch_listeners(pid)` samples, every 0.5 s until the test ends, every socket that process tree
+    (default: this test's own process, with the Ray session it starts) listens on; `seen` fills as it goes:
+    (ip, port) -> "pid name"."""
+    import threading
+
+    import psutil
+
+    stop, threads = threading.Event(), []
+
+    def start(pid: int | None = None) -> dict:
+        root, seen = psutil.Process(pid), {}
+
+        def loop():
+            while True:
+                seen.update(_listeners(root))
+                if stop.wait(0.5):
+                    return
+
+        threads.append(threading.Thread(target=loop, daemon=True))
+        threads[-1].start()
+        return seen
+
+    yield start
+    stop.set()
+    for t in threads:
+        t.join(10)
+
+
 @pytest.fixture
 def tmp_results(tmp_path):
     return tmp_path / "results"

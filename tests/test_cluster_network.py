@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
@@ -61,24 +59,7 @@ def test_a_dcs_store_listens_on_its_host_only():
     assert all(a.port != st.port or is_loopback(a.ip) for a in mine)
 
 
-def _listeners(root: psutil.Process) -> dict[tuple[str, int], str]:
-    """Every listening TCP socket (and bound UDP socket) of `root` and its descendants: (ip, port) -> process."""
-    out = {}
-    try:
-        procs = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return out
-    for p in procs:
-        try:
-            for c in p.net_connections("inet"):
-                if c.status == psutil.CONN_LISTEN or (c.type == socket.SOCK_DGRAM and not c.raddr):
-                    out[(c.laddr.ip, c.laddr.port)] = f"{p.pid} {p.name()}"
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
-    return out
-
-
-def test_a_local_run_listens_on_loopback_only(tmp_path):
+def test_a_local_run_listens_on_loopback_only(tmp_path, watch_listeners):
     """`relax run` with the control API and the torch engine HTTP server (its weight-update gloo group and the DCS
     store too): sampled while it trains, every socket of the run's own process tree (the driver, Ray's processes,
     the roles, TransferQueue, the engine server) listens on loopback."""
@@ -91,12 +72,9 @@ def test_a_local_run_listens_on_loopback_only(tmp_path):
     log = open(tmp_path / "run.log", "w")
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     run_dir = out / "async" / "cpu" / "net"
-    seen: dict[tuple[str, int], str] = {}
+    seen = watch_listeners(proc.pid)
     try:
-        root = psutil.Process(proc.pid)
-        while proc.poll() is None:
-            seen.update(_listeners(root))
-            time.sleep(0.5)
+        proc.wait(timeout=900)
     finally:
         if proc.poll() is None:
             proc.kill()

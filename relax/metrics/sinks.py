@@ -20,6 +20,8 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import sys
+import time
+from collections import defaultdict
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Protocol
 
@@ -46,6 +48,9 @@ class Reporter:
     def __init__(self, sinks: Mapping[str, Sink]):
         self.sinks = dict(sinks)
         self.failed: dict[str, str] = {}  # sink name -> the error that dropped it (summary.json reports it)
+        # sink name -> wall seconds spent inside its calls (summary.json `metrics_sinks_s`: what the sinks cost
+        # the driver's poll; `relax bench sinks` measures their cost to step time side by side)
+        self.seconds: dict[str, float] = defaultdict(float)
 
     def drop(self, name: str, err: BaseException) -> None:
         self.failed[name] = f"{type(err).__name__}: {err}"
@@ -55,10 +60,13 @@ class Reporter:
 
     def _each(self, method: str, *args) -> None:
         for name, sink in list(self.sinks.items()):
+            t0 = time.perf_counter()
             try:
                 getattr(sink, method)(*args)
             except Exception as err:  # noqa: BLE001 -- any sink failure (disk full, bad dir) must not stop training
                 self.drop(name, err)
+            finally:
+                self.seconds[name] += time.perf_counter() - t0
 
     def step(self, step: int, metrics: Mapping[str, float]) -> None:
         self._each("step", step, metrics)

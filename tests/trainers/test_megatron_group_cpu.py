@@ -51,9 +51,11 @@ def _same_first_step(row, row1):
 
 
 @pytest.mark.slow
-def test_tp2_dp2_actor_trains_publishes_and_matches_one_rank(tmp_path, single):
+def test_tp2_dp2_actor_trains_publishes_and_matches_one_rank(tmp_path, single, watch_listeners):
+    from relax.loopback import is_loopback
     from relax.models.warmup import warmup_state
 
+    seen = watch_listeners()  # the group's rendezvous store and gloo pairs must stay on loopback too (issue 16)
     cfg, summary, rows, weights = _run(tmp_path, "group", "resources.actor.workers=4", "training.parallel.tensor=2",
                                        "resources.reference.workers=2", "training.forward_parallel.tensor=2")
     _, summary1, rows1, weights1 = single
@@ -78,6 +80,8 @@ def test_tp2_dp2_actor_trains_publishes_and_matches_one_rank(tmp_path, single):
     err = max(float((weights[k] - weights1[k]).abs().max()) for k in weights1)
     print(f"\nTP 2 x DP 2: moved {moved:.3g}, max |group - single| {err:.3g}")
     assert moved > 1e-3 and err < 1e-2 * moved, (moved, err)
+    exposed = {addr: who for addr, who in seen.items() if not is_loopback(addr[0])}
+    assert seen and not exposed, f"listening beyond loopback: {exposed}"
 
 
 @pytest.mark.slow

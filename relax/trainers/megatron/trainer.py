@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+import psutil
 import torch
 
 from relax.algorithms import LossScale, aggregate, check_config, get_policy_loss, kl_penalty
@@ -78,7 +79,19 @@ def init_distributed(par: Parallel, cp: int = 1, seed: int = 0, timeout_s: float
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank % max(torch.cuda.device_count(), 1))))
         from datetime import timedelta
 
-        dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world,
+        from relax.weights.transport import store
+
+        addr = os.environ["MASTER_ADDR"]
+        # gloo would listen on the address the host name resolves to: pin it to MASTER_ADDR's interface (a
+        # local group stays on loopback). The user's own GLOO_SOCKET_IFNAME wins.
+        nic = next((name for name, addrs in psutil.net_if_addrs().items() if any(a.address == addr for a in addrs)),
+                   None)
+        if nic is not None:
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", nic)
+        # Rank 0 hosts the rendezvous store on MASTER_ADDR only (torch's own would listen on every interface).
+        rendezvous = store(addr, int(os.environ["MASTER_PORT"]), master=rank == 0, timeout_s=timeout_s or 1800.0,
+                           world_size=world, wait_for_workers=False)
+        dist.init_process_group("nccl" if cuda else "gloo", store=rendezvous, rank=rank, world_size=world,
                                 timeout=timedelta(seconds=timeout_s) if timeout_s else None)
     if ps.model_parallel_is_initialized() and (
             ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size(),
