@@ -111,8 +111,14 @@ class RunFolder:
 
     @property
     def complete(self) -> bool:
-        """A finished run: the controller writes summary.json last."""
-        return (self.path / SUMMARY).exists()
+        """A finished run: the controller writes summary.json last. A run a role stopped (e.g.
+        training.max_nonfinite_steps) writes one too, with its `error`: that one is `stopped`, not complete."""
+        return _finished(self.path / SUMMARY)
+
+    @property
+    def stopped(self) -> bool:
+        """The run was stopped before its last step; summary.json holds the error and the steps that ran."""
+        return (self.path / SUMMARY).exists() and not self.complete
 
     # --- writers ----------------------------------------------------------------------------------------
     def write_config(self, text: str) -> None:
@@ -202,7 +208,16 @@ class RunFolder:
 def run_dirs(root: str | Path, skip: frozenset[str] = NOT_EXPERIMENTS) -> list[Path]:
     """Every finished run at `<root>/<experiment>/<profile>/<run>/`, sorted, leaving out `skip` folders."""
     root = Path(root)
-    return sorted(p.parent for p in root.glob(f"*/*/*/{SUMMARY}") if p.parts[len(root.parts)] not in skip)
+    return sorted(p.parent for p in root.glob(f"*/*/*/{SUMMARY}") if p.parts[len(root.parts)] not in skip
+                  and _finished(p))
+
+
+def _finished(summary: Path) -> bool:
+    """summary.json exists and is not a stopped run's (which carries `error`)."""
+    try:
+        return "error" not in json.loads(summary.read_text())
+    except FileNotFoundError:
+        return False
 
 
 def find_runs(paths: list[str | Path]) -> list[Path]:
@@ -212,7 +227,7 @@ def find_runs(paths: list[str | Path]) -> list[Path]:
         if (p / SUMMARY).exists():
             out.append(p)
         elif p.is_dir():
-            found = sorted(q.parent for q in p.rglob(SUMMARY))
+            found = sorted(q.parent for q in p.rglob(SUMMARY) if _finished(q))
             if not found:
                 raise FileNotFoundError(f"{p}: no run folder (with {SUMMARY}) inside")
             out += found

@@ -283,6 +283,10 @@ def test_non_finite_steps_are_skipped_and_enough_in_a_row_stop_the_run(tmp_path)
     assert "max_nonfinite_steps=2" in summary["error"] and summary["steps"] == 5 and summary["steps_planned"] == 7
     assert summary["steps_skipped_nonfinite"] == 3 and summary["samples_skipped_nonfinite"] == 3 * 16
     assert summary["samples_trained"] == 5 * 16 and summary["samples_lost"] == 0 and summary["samples_duplicated"] == 0
+    from relax.run_folder import RunFolder, latest_runs
+
+    # stopped, not finished: figures and reports that take the newest finished run never pick it
+    assert RunFolder(run_dir).stopped and not RunFolder(run_dir).complete and latest_runs(tmp_path) == {}
     rec = json.loads((run_dir / "recovery.json").read_text())
     assert [(f["kind"], f["at_step"], f["steps_done"]) for f in rec["faults"]] == [("nan", 1, 1), ("nan", 3, 3),
                                                                                  ("nan", 4, 4)]
