@@ -17,7 +17,6 @@ from relax.trainers.megatron import (
     hf_to_megatron,
     hf_to_megatron_shards,
     megatron_shards_to_hf,
-    megatron_to_hf,
     model_state_from_hf,
 )
 from relax.trainers.megatron.convert import pack_experts, qkv_from_megatron
