@@ -118,7 +118,8 @@ def draw_headroom(results_root: Path, figures_dir: Path, tables_dir: Path) -> li
                  color=[colors(i % 20) for i in range(len(names))], capsize=3)
     axes[1].set_yticks(range(len(names)), names, fontsize=8)
     axes[1].axvline(0, color="k", lw=0.6)
-    axes[1].set(title="Held-out greedy accuracy gain (mean, 95% interval over seeds)", xlabel="accuracy after RL - before")
+    axes[1].set_title("Held-out greedy accuracy gain\n(mean, 95% interval over seeds)", fontsize=10)
+    axes[1].set_xlabel("accuracy after RL - before")
     fig.tight_layout()
     figures_dir.mkdir(parents=True, exist_ok=True)
     out = figures_dir / "headroom.png"
