@@ -269,7 +269,13 @@ def _draw_sim(source: Path, figs: Path, tables: Path) -> list[Path]:
 
 # Drawers of the studies in analysis.reproduce.STUDIES: (results root, figures dir, tables dir) -> files written;
 # each draws nothing when its study has no results under the root.
-STUDIES = [_draw_r3, _draw_algorithms, _draw_omni, _draw_recovery, _draw_sim]
+def _draw_headroom(source: Path, figs: Path, tables: Path) -> list[Path]:
+    from analysis.headroom import draw_headroom
+
+    return draw_headroom(source, figs, tables)
+
+
+STUDIES = [_draw_r3, _draw_algorithms, _draw_omni, _draw_recovery, _draw_sim, _draw_headroom]
 
 
 def draw_all(source: Path, dest: Path = RESULTS, only: list[Path] | None = None) -> list[Path]:

@@ -4,7 +4,9 @@
 `write_headroom(results_root, tables_dir)` writes `headroom.{md,csv}`: one row per run (seed) and, per variant,
 the mean held-out greedy-accuracy gain (after RL minus the warm-up start, on the run's eval prompts, which RL
 never trained on) with its 95% Student-t interval over the seeds, the training seconds and the 1-minute host
-load at the run's start.
+load at the run's start. `draw_headroom(results_root, figures_dir, tables_dir)` writes that table and
+`headroom.png`: per variant, the training reward (each seed faint, 8-step mean bold) against the run's wall time,
+and the held-out gain with its interval.
 """
 
 from __future__ import annotations
@@ -71,3 +73,56 @@ def write_headroom(results_root: Path, tables_dir: Path) -> list[Path]:
         return []
     return write_table(rows, tables_dir, "headroom", "Head-room benchmark: held-out greedy accuracy gain from RL "
                        "(CPU scale, seeds)", NOTE, COLUMNS)
+
+
+SMOOTH = 8
+
+
+def draw_headroom(results_root: Path, figures_dir: Path, tables_dir: Path) -> list[Path]:
+    """The table (`write_headroom`) and headroom.png: reward against wall time and the gain per variant."""
+    written = write_headroom(results_root, tables_dir)
+    path = Path(results_root) / "headroom" / RESULTS_FILE
+    if not written:
+        return written
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from relax.run_folder import RunFolder
+
+    results = json.loads(path.read_text())
+    by_variant: dict[str, list[dict]] = {}
+    for r in results["runs"].values():
+        by_variant.setdefault(r["variant"], []).append(r)
+    fig, axes = plt.subplots(1, 2, figsize=(14, 4.8), gridspec_kw={"width_ratios": [1.6, 1]})
+    colors = plt.get_cmap("tab20")
+    names = list(by_variant)
+    for i, name in enumerate(names):
+        for j, r in enumerate(sorted(by_variant[name], key=lambda r: r["seed"])):
+            folder = RunFolder(path.parent / r["run"])
+            try:
+                m = pd.DataFrame(folder.metrics())
+            except FileNotFoundError:
+                continue
+            t = m["wall_time_s"] if "wall_time_s" in m else m["step"]
+            axes[0].plot(t, m["reward_mean"], color=colors(i % 20), alpha=0.2, lw=0.7)
+            axes[0].plot(t, m["reward_mean"].rolling(SMOOTH, min_periods=1).mean(), color=colors(i % 20), lw=1.5,
+                         label=name if j == 0 else None)
+    axes[0].set(title=f"Training reward against wall time (per seed; raw faint, {SMOOTH}-step mean bold)",
+                xlabel="wall time since the run's first step (s)", ylabel="mean reward of the step's samples")
+    axes[0].legend(fontsize=7, ncol=2)
+    gains = [interval([r["eval_accuracy_end"] - r["eval_accuracy_start"] for r in by_variant[n]]) for n in names]
+    axes[1].barh(range(len(names)), [g[0] for g in gains], xerr=[g[1] or 0 for g in gains],
+                 color=[colors(i % 20) for i in range(len(names))], capsize=3)
+    axes[1].set_yticks(range(len(names)), names, fontsize=8)
+    axes[1].axvline(0, color="k", lw=0.6)
+    axes[1].set_title("Held-out greedy accuracy gain\n(mean, 95% interval over seeds)", fontsize=10)
+    axes[1].set_xlabel("accuracy after RL - before")
+    fig.tight_layout()
+    figures_dir.mkdir(parents=True, exist_ok=True)
+    out = figures_dir / "headroom.png"
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return [*written, out]

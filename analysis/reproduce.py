@@ -38,6 +38,9 @@ STUDIES: list[tuple[str, list[str]]] = [
     ("algorithms", ["study", "algorithms"]),  # GRPO, GSPO, SAPO, OPD, PPO + Critic from the same warm-up
     ("omni", ["study", "omni"]),  # async vs colocate on the omni task (analysis/omni.py draws it)
     ("recovery", ["study", "recovery"]),  # kills (spare / cold rollout, reference, actor), DCS bench, elastic phases
+    # the head-room benchmark's default algorithm set (variants.yaml `sets.default`), 3 seeds; the full table is
+    # `relax study headroom --set full`
+    ("headroom", ["study", "headroom"]),
     ("sim", ["study", "sim"]),  # SIMULATED: 16xH800 predictions beside the paper, scaling, staleness, split (~1 min)
 ]
 # Reference folders measured by a separate command (too CPU-heavy for reproduce-fig), kept by --update-reference:

@@ -177,6 +177,7 @@ class ActorRole(ModelRole):
         dropped, draws, spans = 0, [], []  # spans: partial rollout, versions a row's tokens came from, less one
         gap, gap_tokens = 0.0, 0  # ActorFwd: |trainer - engine| old log-prob per token, the mismatch it removes
         fwd_exact = 0  # ActorFwd: rows whose old log-probs came from the version that generated them
+        zero_adv, nlp, nlp_tokens = 0, 0.0, 0  # rows whose advantages are all 0 (no gradient); -log-prob of sampled tokens
         for mb in loader:
             with self.rec.span("train_micro_batch", step=k, rows=mb.size, fields=sorted(mb.data)):
                 data = dict(mb.data)
@@ -192,6 +193,9 @@ class ActorRole(ModelRole):
                 if keep:
                     losses.append(self.trainer.accumulate(data, unit))
             rewards += mb["rewards"].tolist()
+            zero_adv += sum(1 for a in mb.data.get("advantages", []) if not bool(torch.as_tensor(a).abs().gt(1e-8).any()))
+            nlp -= sum(float(torch.as_tensor(r).sum()) for r in mb.data.get("rollout_log_probs", []))
+            nlp_tokens += sum(len(r) for r in mb.data.get("rollout_log_probs", []))
             draws += mb["ds_attempts"].tolist() if "ds_attempts" in self.fields else []
             versions += mb["weight_version"].tolist()
             spans += (mb["weight_version_last"] - mb["weight_version"]).tolist() if "weight_version_last" in self.fields else []
@@ -237,6 +241,8 @@ class ActorRole(ModelRole):
             "weight_sync_s": sync_s,
             "weight_version": k + 1,
             "loss": loss,
+            "zero_adv_share": zero_adv / max(len(rewards), 1),  # rows that carry no policy gradient this step
+            "neg_logp_mean": nlp / max(nlp_tokens, 1),  # entropy estimate of the rollout policy, per token
             **step_metrics,
             **(dynamic_sampling_metrics(dropped, draws, cfg.rollout.group_size) if "keep" in self.fields else {}),
             **({"partial_rows_share": sum(x > 0 for x in spans) / len(spans), "partial_span_max": max(spans)}

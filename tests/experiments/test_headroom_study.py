@@ -59,3 +59,45 @@ def test_table_has_a_row_per_seed_and_a_mean_with_its_interval(tmp_path):
     assert rows[-1]["gain"] == pytest.approx(0.2) and rows[-1]["gain_ci95"] == f"+-{interval([0.1, 0.2, 0.3])[1]:.4f}"
     csv_path, md = write_headroom(tmp_path, tmp_path / "tables")
     assert len(list(csv.DictReader(csv_path.open()))) == 4 and "95%" in md.read_text()
+
+
+def test_sets_name_defined_variants_and_full_covers_every_builtin_algorithm():
+    from experiments.headroom.study import SETS
+    from relax.algorithms.registry import known_advantages, known_policy_losses
+
+    assert set(SETS["default"]) <= set(SETS["full"]) == set(RUNS)
+    chosen = {o.split("=", 1)[1] for _, ov in RUNS.values() for o in ov
+              if o.startswith(("algorithm.advantage=", "algorithm.policy_loss="))}
+    assert set(known_advantages()) | set(known_policy_losses()) <= chosen | {"grpo", "ppo"}
+
+
+def _parsed(argv):
+    import argparse
+
+    from experiments.headroom import study
+
+    p = argparse.ArgumentParser()
+    study.add_arguments(p)
+    return p.parse_args(argv)
+
+
+def test_row_runs_the_overrides_as_one_new_variant(monkeypatch, tmp_path):
+    from experiments.headroom import study
+
+    seen = {}
+    monkeypatch.setattr(study, "run_study", lambda config, seeds, names, out, steps, extra, parallel:
+                        seen.update(names=names, extra=extra, label=study.RUNS[names[0]]) or out / "x.json")
+    monkeypatch.setattr(study, "write_headroom", lambda *a: [])
+    monkeypatch.setattr(study, "RUNS", dict(study.RUNS))
+    study.main(_parsed(["--row", "mine", "algorithm.policy_loss=reinforce", "--out", str(tmp_path)]))
+    assert seen["names"] == ["mine"] and seen["extra"] == []
+    assert seen["label"] == ("user: algorithm.policy_loss=reinforce", ["algorithm.policy_loss=reinforce"])
+
+
+def test_row_refuses_a_builtin_name_or_no_overrides(tmp_path):
+    from experiments.headroom import study
+
+    with pytest.raises(SystemExit, match="built-in"):
+        study.main(_parsed(["--row", "grpo", "algorithm.policy_loss=reinforce"]))
+    with pytest.raises(SystemExit, match="needs the key=value"):
+        study.main(_parsed(["--row", "mine"]))
