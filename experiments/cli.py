@@ -16,7 +16,8 @@ STUDIES = {
     "omni": "experiments.omni.study",  # async vs colocate on the omni task
     "recovery": "experiments.recovery.study",  # kills, DCS bench, elastic phases
     "sim": "experiments.sim.study",  # SIMULATED: the paper's 16xH800 numbers and beyond (cost model + SimPy)
-    "headroom": "experiments.headroom.study",  # RL's held-out accuracy gain from a warm start with room, seeds
+    "headroom": "experiments.headroom.study",
+    "emulate": "experiments.emulate.study",  # EMULATED H800s: the real engine in the cost model's time, beside the sim  # RL's held-out accuracy gain from a warm start with room, seeds
 }
 BENCHES = {
     "dcs": "experiments.recovery.dcs_bench",  # DCS weight sync against a raw gloo broadcast

@@ -149,6 +149,19 @@ class Emulator:
             heapq.heappush(free, (t + d, r))
         return max(t for t, _ in free), fin
 
+    def reload_time(self, role: str) -> float:
+        """Modelled GPU side of bringing a restarted role back (added on top of its real recovery seconds):
+        its bf16 weights over the link from a live DCS peer into the fresh process (a rollout engine: its weight
+        load, with the pause); the Actor also reloads its optimizer state (fp32 master weights and two Adam
+        moments, 12 bytes per parameter: assumed) over each of its GPUs' host link, sharded over them."""
+        c = self.cost
+        if role == "rollout":
+            return c.weight_load_time()
+        weights = c.shape.total_params * 2 / c.link("actor", role if role != "actor" else "rollout")
+        if role != "actor":
+            return weights
+        return weights + c.shape.total_params * 12 / (c.role_devices("actor") * c.hw.links.host.at(c.b))
+
     # --- pacing ----------------------------------------------------------------------------------------------
     @contextmanager
     def pace(self, kind: str, modelled_s: float):
