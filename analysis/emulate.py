@@ -34,7 +34,7 @@ def _critical_path(root: Path, row: dict, compression: float) -> dict:
     except (FileNotFoundError, KeyError, ValueError):
         return {}
     steady = table[table["step"] > 0] if "step" in table and len(table) > 1 else table
-    cols = [c for c in steady.columns if c != "step"]
+    cols = [c for c in steady.columns if c not in ("step", "step_time_s")]
     return {c: round(float(steady[c].mean()) * compression, 1) for c in cols if float(steady[c].mean()) > 0}
 
 
@@ -53,6 +53,10 @@ def rows(res: dict, root: Path) -> list[dict]:
                     "real_s_per_step": em["real_mean_step_time_s"],
                     "lost/dup": f"{em['samples_lost']}/{em['samples_duplicated']}",
                     "host_load": f"{em['load_before']} -> {em['load_after']}",
+                    # each lane's busy seconds per step, emulated / simulated: where the extra time goes
+                    "busy_emulated/simulated_s": ", ".join(
+                        f"{n} {em['busy_per_step_s'][n]:.0f}/{si['busy_per_step_s'].get(n, 0):.0f}"
+                        for n in em.get("busy_per_step_s", {}) if n in si.get("busy_per_step_s", {})),
                     "critical_path_emulated_s": ", ".join(f"{k} {v}" for k, v in cp.items()),
                     # the simulator's critical path is summed over its steps: per step here
                     "critical_path_simulated_s": ", ".join(f"{k} {round(v / res['steps'], 1)}"

@@ -35,6 +35,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=str(ROOT / "results"), help="results root; writes <out>/emulate/")
     p.add_argument("--only", nargs="+", help="run only these names (and 'beyond')")
     p.add_argument("--steps", type=int, help="steps per run (default: the spec's)")
+    p.add_argument("--compression", type=float, help="emulated seconds per real second (default: the spec's); "
+                   "two studies at different values separate this machine's own overhead (it grows with it)")
 
 
 def simulate(cfg: ExperimentConfig, spec: dict, stream: bool = False, inflight: int | None = None) -> dict:
@@ -85,6 +87,8 @@ def main(args: argparse.Namespace) -> int:
     spec = yaml.safe_load(Path(args.spec).read_text())
     if args.steps:
         spec["steps"] = args.steps
+    if args.compression:
+        spec["compression"] = args.compression
     out = Path(args.out) / "emulate"
     out.mkdir(parents=True, exist_ok=True)
     t_all = time.time()

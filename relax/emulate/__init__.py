@@ -33,6 +33,12 @@ STAND_IN_TASK = {"kind": "text", "name": "basic_arithmetic", "params": {}, "size
                  "reward": "reasoning_gym", "prompt_template": "{question} Answer:"}
 
 
+def emu_name(hardware: str) -> str:
+    from pathlib import Path
+
+    return Path(hardware).stem
+
+
 def enabled(cfg: ExperimentConfig) -> bool:
     return cfg.emulate.hardware is not None
 
@@ -55,6 +61,8 @@ def engine_config(cfg: ExperimentConfig) -> ExperimentConfig:
     real_max = max(1, math.ceil(max_new / e.token_scale))
     raw["model"] = {**TINY_MODEL, "max_position": max(256, 2 * (real_max + 64))}
     raw["warmup"] = {"steps": 0}
+    # its own run folder, <experiment>/<profile>-emu-<hardware>/, never mistaken for a cluster run's
+    raw["profile"] = f"{raw['profile']}-emu-{emu_name(e.hardware)}"
     raw["task"] = dict(STAND_IN_TASK)
     r = raw["rollout"]
     r.update(engine="torch", engine_urls=[], max_new_tokens=real_max, dtype="float32")

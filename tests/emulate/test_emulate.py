@@ -95,3 +95,13 @@ def test_emulated_h800x16_trains_every_sample_once_with_a_replica_killed(tmp_pat
     # replacement once up, generated those groups: the exactly-once account above)
     events = [ev for ev in rec["events"] if ev["role"] == "rollout"]
     assert len(events) == 1 and events[0]["replica"] == 2 and events[0]["tier"] == 1
+
+
+def test_modelled_reload_prices_the_weights_and_the_actors_optimizer_state():
+    emu = emulator(engine_config(load_config(ASYNC, ["emulate.hardware=h800", "steps=2"])))
+    c = emu.cost
+    assert emu.reload_time("rollout") == pytest.approx(c.weight_load_time())
+    # the Actor's optimizer state (12 bytes per parameter) comes on top of its weights
+    assert emu.reload_time("actor") > emu.reload_time("reference") > 0
+    assert emu.reload_time("actor") - emu.reload_time("reference") == pytest.approx(
+        c.shape.total_params * 12 / (8 * c.hw.links.host.value), rel=1e-6)
