@@ -267,6 +267,12 @@ def _draw_sim(source: Path, figs: Path, tables: Path) -> list[Path]:
     return draw_sim(source, figs, tables)
 
 
+def _draw_emulate(source: Path, figs: Path, tables: Path) -> list[Path]:
+    from analysis.emulate import draw_emulate
+
+    return draw_emulate(source, figs, tables)
+
+
 # Drawers of the studies in analysis.reproduce.STUDIES: (results root, figures dir, tables dir) -> files written;
 # each draws nothing when its study has no results under the root.
 def _draw_headroom(source: Path, figs: Path, tables: Path) -> list[Path]:
@@ -275,7 +281,7 @@ def _draw_headroom(source: Path, figs: Path, tables: Path) -> list[Path]:
     return draw_headroom(source, figs, tables)
 
 
-STUDIES = [_draw_r3, _draw_algorithms, _draw_omni, _draw_recovery, _draw_sim, _draw_headroom]
+STUDIES = [_draw_r3, _draw_algorithms, _draw_omni, _draw_recovery, _draw_sim, _draw_emulate, _draw_headroom]
 
 
 def draw_all(source: Path, dest: Path = RESULTS, only: list[Path] | None = None) -> list[Path]:

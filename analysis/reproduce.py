@@ -39,6 +39,9 @@ STUDIES: list[tuple[str, list[str]]] = [
     ("omni", ["study", "omni"]),  # async vs colocate on the omni task (analysis/omni.py draws it)
     ("recovery", ["study", "recovery"]),  # kills (spare / cold rollout, reference, actor), DCS bench, elastic phases
     ("sim", ["study", "sim"]),  # SIMULATED: 16xH800 predictions beside the paper, scaling, staleness, split (~1 min)
+    # EMULATED H800s: the real engine at the paper's shape, 5 schedules + beyond-the-paper, beside the simulator
+    # (6 runs of 4 steps at 100x compression: ~5-8 min of reproduce-fig on a quiet 2-core machine, budget 10)
+    ("emulate", ["study", "emulate"]),
 ]
 # Reference folders measured by a separate command (too CPU-heavy for reproduce-fig), kept by --update-reference:
 # smollm2/ = SmolLM2-135M-Instruct before/after GRPO (experiments/async/cpu-smollm2.yaml; see its README.md).

@@ -17,6 +17,7 @@ STUDIES = {
     "recovery": "experiments.recovery.study",  # kills, DCS bench, elastic phases
     "sim": "experiments.sim.study",  # SIMULATED: the paper's 16xH800 numbers and beyond (cost model + SimPy)
     "headroom": "experiments.headroom.study",  # RL's held-out accuracy gain from a warm start with room, seeds
+    "emulate": "experiments.emulate.study",  # EMULATED H800s: the real engine in the cost model's time, beside the sim
 }
 BENCHES = {
     "dcs": "experiments.recovery.dcs_bench",  # DCS weight sync against a raw gloo broadcast

@@ -20,6 +20,10 @@ def _load(args):
     overrides = list(args.overrides)
     if getattr(args, "steps", None) is not None:
         overrides.append(f"steps={args.steps}")
+    if getattr(args, "emulate", None) is not None:
+        overrides.append(f"emulate.hardware={args.emulate}")
+    if getattr(args, "compression", None) is not None:
+        overrides.append(f"emulate.compression={args.compression}")
     return load_config(args.config, overrides)
 
 
@@ -35,6 +39,11 @@ def cmd_run(args) -> int:
 
     run_dir, summary = run_experiment(cfg, out=args.out, run=args.run, progress=not args.no_progress,
                                       api_port=args.api_port)
+    if "emulated_hardware" in summary:
+        e = summary["emulated_hardware"]
+        print(f"EMULATED {e['hardware']} GPUs {e['gpus']} at {e['compression']:g}x compression: "
+              f"{e['mean_step_time_s']:.1f} emulated s/step ({e['real_mean_step_time_s']:.2f} real s), "
+              f"{e['steps_per_hour']:.2f} steps/hour, {e['tokens_per_s']:.0f} tokens/s (synthetic tokens)")
     keys = ["steps", "steps_per_hour", "mean_step_time_s", "initial_reward", "final_reward",
             "eval_accuracy_start", "eval_accuracy_end", "eval_reward_start", "eval_reward_end", "staleness_max",
             "pipeline_efficiency", "trainer_wait_share", "peak_memory_mb", "samples_lost", "samples_duplicated"]
@@ -161,6 +170,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--dry-run", action="store_true",
                      help="print the resolved cluster plan (roles, GPUs, placement groups, backends, launch commands)")
     run.add_argument("--json", action="store_true", help="with --dry-run: the plan as JSON")
+    run.add_argument("--emulate", metavar="HARDWARE", help="emulated GPUs: the real engine on this machine, each unit "
+                     "of GPU work taking the cost model's time on this profile (relax/sim/hardware/), compressed "
+                     "(the `emulate` section)")
+    run.add_argument("--compression", type=float, help="with --emulate: emulated seconds per real second (default 200)")
     run.set_defaults(func=cmd_run)
 
     sft = sub.add_parser("sft", help="supervised warm-up for a config (cached) and its greedy eval accuracy")

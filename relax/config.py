@@ -410,6 +410,24 @@ class MoEConfig(Strict):
     r3_prompt: bool = True
 
 
+class EmulateConfig(Strict):
+    """Emulated GPUs (relax/emulate/): the real engine runs on this machine, and each unit of GPU work (generate,
+    train micro-batch, optimizer step, log-prob forward, weight publish/load, sleep/wake) takes the time the
+    relax/sim cost model gives for it on `hardware` at the experiment's model shape and layout, over
+    `compression`. Tokens are synthetic; response lengths come from the sim's length model (seed)."""
+
+    hardware: str | None = None  # a relax/sim/hardware profile name or YAML path; None: no emulation
+    compression: float = Field(200.0, ge=1)  # emulated hardware seconds per real second (200: a 200 s step takes 1 s)
+    band: Literal["low", "mid", "high"] = "mid"  # which end of each sourced band the cost model takes
+    # Modelled tokens per real token: a response of L modelled tokens carries ceil(L / token_scale) synthetic ones,
+    # so the bus and the tiny real model move small but real data (modelled bytes are reported beside).
+    token_scale: int = Field(256, ge=1)
+    lengths: str | None = None  # a length file (YAML) for the response lengths; None: relax/sim/lengths/<task>.yaml
+    # The experiment as written (its model shape, GPUs, engine, trainer): set by relax.emulate.engine_config when
+    # it swaps in the CPU stand-ins; never by hand.
+    target: dict[str, Any] | None = None
+
+
 SINKS = ("jsonl", "tensorboard", "wandb", "mlflow")  # relax/metrics/sinks.py builds each one
 
 
@@ -464,6 +482,7 @@ class ExperimentConfig(Strict):
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)  # metrics sinks (TensorBoard, W&B, MLflow)
     max_global_restart: int = Field(1, ge=0)  # Tier 2 (global) restarts allowed in one run
     alerts: AlertsConfig = Field(default_factory=AlertsConfig)  # alert rules and where messages go
+    emulate: EmulateConfig = Field(default_factory=EmulateConfig)  # emulated GPUs (relax run --emulate HARDWARE)
 
     @model_validator(mode="before")
     @classmethod

@@ -74,6 +74,33 @@ class MemoryMeter:
         self.peak = max(self.peak, total)
 
 
+# metrics.jsonl times that emulated runs also give in emulated hardware seconds (row["emulated_hardware_s"])
+HW_TIMES = ("wall_time_s", "step_time_s", "train_time_s", "trainer_wait_s", "weight_sync_s", "sleep_wake_s")
+
+
+def emulated_summary(emu, rows: list[dict], steady: list[dict], train_s: float) -> dict:
+    """summary.json `emulated_hardware`: what was emulated, and the throughput in emulated hardware seconds
+    (real x compression) with the modelled tokens and bytes; `real_*` beside for the real seconds."""
+    c = emu.compression
+    tokens = sum(r.get("emulated_response_tokens", 0) for r in rows)
+    step = sum(r["step_time_s"] for r in steady) / len(steady)
+    work: dict[str, dict] = {}
+    for r in rows:
+        for kind, v in r.get("emulated_actor_work", {}).items():
+            w = work.setdefault(kind, {"calls": 0, "modelled_s": 0.0, "overrun_s": 0.0})
+            for key in w:
+                w[key] += v[key]
+    return {**emu.describe(),
+            "train_time_s": round(train_s * c, 2), "mean_step_time_s": round(step * c, 3),
+            "steps_per_hour": round(3600 * len(rows) / (train_s * c), 4),
+            "tokens_per_s": round(tokens / (train_s * c), 2),
+            "response_tokens_mean": round(tokens / max(sum(r["samples"] for r in rows), 1), 1),
+            "modelled_bus_bytes": sum(r.get("emulated_bus_bytes", 0) for r in rows),
+            "real_train_time_s": round(train_s, 3), "real_mean_step_time_s": round(step, 4),
+            # the Actor's paced work: modelled seconds, and real seconds its real work ran past the model
+            "actor_work": {k: {key: round(v, 4) for key, v in w.items()} for k, w in work.items()}}
+
+
 class Controller:
     def __init__(self, cfg: ExperimentConfig, run_dir: Path, progress: bool = True, api_port: int | None = None):
         self.cfg = cfg
@@ -99,6 +126,9 @@ class Controller:
         self.rows: dict[int, dict] = {}  # step -> its row as the sinks got it (status.json's curve)
         self.all_spans: list[dict] = []  # every span fetched so far (status.json's live busy shares)
         self.status_at = 0.0  # when status.json was last written
+        from relax.emulate import emulator
+
+        self.emu = emulator(cfg)  # emulated GPUs (relax/emulate/): rows and summary also in hardware seconds
 
     # --- set-up ------------------------------------------------------------------------------------------
     def start_roles(self, initial_state) -> None:
@@ -134,10 +164,15 @@ class Controller:
         end = rec.pop("end_time")
         step_s = end - prev_end
         busy = busy_seconds(spans, prev_end, end, self.names)
-        return {"step": k, "wall_time_s": round(end - self.t_start, 4), "step_time_s": round(step_s, 4),
-                **{key: v for key, v in rec.items() if key != "step"}, "busy_s": busy,
-                "busy_share": {n: round(b / step_s, 4) if step_s > 0 else 0.0 for n, b in busy.items()},
-                **self.colocate_extra.get(k, {})}
+        row = {"step": k, "wall_time_s": round(end - self.t_start, 4), "step_time_s": round(step_s, 4),
+               **{key: v for key, v in rec.items() if key != "step"}, "busy_s": busy,
+               "busy_share": {n: round(b / step_s, 4) if step_s > 0 else 0.0 for n, b in busy.items()},
+               **self.colocate_extra.get(k, {})}
+        if self.emu is not None:  # the same times in emulated hardware seconds (compression undone)
+            c = self.emu.compression
+            row["emulated_hardware_s"] = {key: round(row[key] * c, 3) for key in HW_TIMES if key in row} | \
+                {"busy_s": {n: round(b * c, 3) for n, b in busy.items()}}
+        return row
 
     def report_step(self, k: int) -> None:
         # Live: from the spans received by now (roles ship them in batches, so a role's newest ones may not be
@@ -241,8 +276,11 @@ class Controller:
             "metrics_sinks_s": {n: round(v, 4) for n, v in self.reporter.seconds.items()},
             "environment": {"cpus": os.cpu_count(), "torch": torch.__version__, "ray": ray.__version__,
                             "python": platform.python_version(), "machine": platform.machine(),
-                            "hardware": hardware_description()},
+                            "hardware": hardware_description(
+                                f"{self.emu.cost.hw.name} ({self.emu.describe()['gpus']})" if self.emu else None)},
         }
+        if self.emu is not None:
+            summary["emulated_hardware"] = emulated_summary(self.emu, rows, steady, train_s)
         if self.colocate_extra:
             summary["sleep_wake_s_mean"] = round(
                 sum(v["sleep_wake_s"] for v in self.colocate_extra.values()) / len(self.colocate_extra), 4)
@@ -290,6 +328,8 @@ class Controller:
                            TextColumn("reward {task.fields[reward]:.3f}"), TimeElapsedColumn()]
                 with Progress(*columns, disable=not self.progress, transient=False) as bar:
                     label = cfg.mode if cfg.schedule == "relax" else f"{cfg.schedule} schedule, EMULATED"
+                    if self.emu is not None:
+                        label += f", EMULATED {self.emu.cost.hw.name} GPUs at {self.emu.compression:g}x"
                     self.task_id = bar.add_task(f"{cfg.name} [{label}]", total=cfg.steps, reward=0.0)
                     self.t_start = time.time()
                     try:
@@ -336,6 +376,10 @@ def run_experiment(cfg: ExperimentConfig, out: str | Path = "results", run: str 
                    progress: bool = True, api_port: int | None = None) -> tuple[Path, dict]:
     from relax.preflight import preflight
 
+    if cfg.emulate.hardware is not None:  # emulated GPUs: the CPU stand-ins run, the target prices the work
+        from relax.emulate import engine_config
+
+        cfg = engine_config(cfg)
     preflight(cfg, api_port)  # every check a run can fail (relax/preflight.py), before any folder or Ray
     run_dir = RunFolder.create(out, cfg.name, cfg.profile, run).path
     return run_dir, Controller(cfg, run_dir, progress, api_port).run()

@@ -17,6 +17,7 @@ import torch
 
 from relax.algorithms import LossScale
 from relax.bus import StreamingLoader
+from relax.emulate import emulator
 from relax.models import state_dict_cpu
 from relax.moe.fields import r3_fields
 from relax.omni.fields import input_fields
@@ -75,6 +76,7 @@ class ActorRole(ModelRole):
         # training.trainer: torch, or megatron (Megatron-Core GPTModel loaded from the same weights; self.model is then
         # the transformers mirror that DCS publishes, refreshed after every step)
         self.trainer = build_trainer(cfg, self.model, self.tokenizer.pad_token_id)
+        self.emu = emulator(cfg)  # emulated GPUs: each unit of training work takes the cost model's time
         self.telemetry = telemetry
         self.trained_ids: list[int] = []
         self.step_ids: list[int] = []  # sample ids of the step being trained: the DCS ledger entry of its version
@@ -85,16 +87,21 @@ class ActorRole(ModelRole):
         self.boot.mark("trainer_and_optimizer")
 
     def backend(self) -> str:
-        return self.trainer.describe()
+        return super().backend() if self.emu is not None else self.trainer.describe()
 
     def publish(self, version: int) -> float:
         """Publish `version` through the DCS (a copy into the staging; peers pull it in the background)."""
         t0 = time.time()
-        with self.rec.span("weight_publish", step=version - 1):
+        with self.rec.span("weight_publish", step=version - 1), self._paced("publish", lambda e: e.cost.publish_time()):
             self.weights.publish(version, model_tensors(self.model), sample_ids=self.step_ids)
         self.step_ids = []
         self.version = version
         return time.time() - t0
+
+    def _paced(self, kind: str, modelled):
+        import contextlib
+
+        return self.emu.pace(kind, modelled(self.emu)) if self.emu is not None else contextlib.nullcontext()
 
     def run(self, steps: int, start: int = 0, recover: bool = False) -> None:
         for k in range(start, steps):
@@ -191,7 +198,9 @@ class ActorRole(ModelRole):
                     data = {f: v[keep] if isinstance(v, torch.Tensor) else [v[i] for i in keep] for f, v in data.items()}
                 dropped += mb.size - len(keep)
                 if keep:
-                    losses.append(self.trainer.accumulate(data, unit))
+                    with self._paced("train_micro_batch", lambda e: e.cost.train_time(
+                            *e.work(mb["sample_id"].tolist()), e.micro_batches(k))):
+                        losses.append(self.trainer.accumulate(data, unit))
             rewards += mb["rewards"].tolist()
             zero_adv += sum(1 for a in mb.data.get("advantages", []) if not bool(torch.as_tensor(a).abs().gt(1e-8).any()))
             nlp -= sum(float(torch.as_tensor(r).sum()) for r in mb.data.get("rollout_log_probs", []))
@@ -216,7 +225,8 @@ class ActorRole(ModelRole):
             loss = sum(m["loss"] for m in losses) / (denom if not math.isfinite(denom) else max(denom, 1))
             self.trainer.divide_grads(denom)
             # A non-finite loss or gradient norm: no update (the trainer drops the gradients).
-            step_metrics = self.trainer.step(skip=not math.isfinite(loss))
+            with self._paced("optimizer_step", lambda e: e.cost.optimizer_time()):
+                step_metrics = self.trainer.step(skip=not math.isfinite(loss))
             if not step_metrics["skipped_nonfinite"]:
                 self.trainer.sync_hf(self.model)  # Megatron: trained shards -> the published HF model (torch: no-op)
         # A skipped step still publishes its version (the same weights) with its sample ids: the pipeline's
@@ -250,6 +260,7 @@ class ActorRole(ModelRole):
             **({"old_rollout_gap_abs": gap / max(gap_tokens, 1), "old_log_probs_exact_share": fwd_exact / len(versions)}
                if "old_log_probs" in self.fields else {}),
             **(extra or {}),
+            **(self._emulated_record(k) if self.emu is not None else {}),
         }
         for key in ("clip_frac", "approx_kl", "kl", "logp_gap_abs", "logp_gap_kl"):
             vals = [m[key] for m in losses if key in m]
@@ -264,6 +275,12 @@ class ActorRole(ModelRole):
                 f"training: {limit} steps in a row (steps {k - limit + 1}..{k}) had a non-finite loss or gradient "
                 f"norm (training.max_nonfinite_steps={limit}); stopping the run")
         return record
+
+    def _emulated_record(self, k: int) -> dict:
+        """Emulated GPUs: the step's modelled response tokens and bus bytes, and this process's paced work."""
+        ids = range(k * self.rows_per_step, (k + 1) * self.rows_per_step)
+        return {"emulated_response_tokens": self.emu.response_tokens(ids),
+                "emulated_bus_bytes": round(self.emu.rows_bytes(ids)), "emulated_actor_work": self.emu.take_totals()}
 
     def sample_account(self) -> list[int]:
         """Every sample id this Actor trained on (the exactly-once account)."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 import ray
 import torch
 
+from relax.emulate import enabled, paced
 from relax.moe.fields import r3_fields
 from relax.omni.fields import input_fields
 from relax.roles.base import ModelRole
@@ -37,7 +38,8 @@ class ActorFwdRole(ModelRole):
     @classmethod
     def reads(cls, cfg) -> list[str]:
         # R3: the rollout's experts, replayed in the forward; omni media / agent loss mask.
-        return cls.fields + r3_fields(cfg) + input_fields(cfg)
+        # emulated GPUs: the sample ids price the forward (their modelled lengths, relax/emulate/)
+        return cls.fields + r3_fields(cfg) + input_fields(cfg) + ["sample_id"] * enabled(cfg)
 
     def __init__(self, cfg, bus, telemetry, weights, threads, replica=None):
         # Async: a DCS follower, so new versions arrive while it computes (as the rollout's engine does).
@@ -73,6 +75,11 @@ class ActorFwdRole(ModelRole):
             self.version = version
 
     def compute(self, batch):
+        with paced(self.cfg, "actor_fwd_forward",
+                   lambda e: e.cost.forward_time(*e.work(batch["sample_id"].tolist()), "actor_fwd")):
+            return self._compute(batch)
+
+    def _compute(self, batch):
         versions = [int(v) for v in batch["weight_version"].tolist()]
         out: list[torch.Tensor | None] = [None] * batch.size
         used = [0] * batch.size

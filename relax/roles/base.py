@@ -148,6 +148,12 @@ class ModelRole(Role):
         return self.version
 
     def backend(self) -> str:
+        from relax.emulate import emulator
+
+        emu = emulator(self.cfg)
+        if emu is not None:
+            gpus = getattr(emu.target.resources, self.name).gpus
+            return f"EMULATED {emu.target.training.trainer} on {gpus:g}x {emu.cost.hw.name} (tiny torch model)"
         return "torch (transformers model)"
 
     def recovery_info(self, ckpt_dir: str | None = None) -> dict:

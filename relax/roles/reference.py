@@ -9,6 +9,7 @@ from __future__ import annotations
 import ray
 
 from relax.config import megatron_forward
+from relax.emulate import enabled, paced
 from relax.moe.fields import r3_fields
 from relax.omni.fields import input_fields
 from relax.roles.base import ModelRole
@@ -29,7 +30,8 @@ class ReferenceRole(ModelRole):
     @classmethod
     def reads(cls, cfg) -> list[str]:
         # R3: the rollout's experts, replayed in the forward; omni media / agent loss mask.
-        return cls.fields + r3_fields(cfg) + input_fields(cfg)
+        # emulated GPUs: the sample ids price the forward (their modelled lengths, relax/emulate/)
+        return cls.fields + r3_fields(cfg) + input_fields(cfg) + ["sample_id"] * enabled(cfg)
 
     def __init__(self, cfg, bus, telemetry, weights, threads, replica=None):
         super().__init__(cfg, bus, telemetry, weights, threads, replica)
@@ -46,6 +48,11 @@ class ReferenceRole(ModelRole):
         return self.forward.describe() + ", forward only" if self.forward is not None else super().backend()
 
     def compute(self, batch):
+        with paced(self.cfg, "reference_forward",
+                   lambda e: e.cost.forward_time(*e.work(batch["sample_id"].tolist()), "reference")):
+            return self._compute(batch)
+
+    def _compute(self, batch):
         if self.forward is not None:
             return {"ref_log_probs": self.forward.log_probs(batch["prompt_ids"], batch["response_ids"],
                                                             self.cfg.training.micro_batch_tokens)}

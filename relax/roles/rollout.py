@@ -19,6 +19,7 @@ from relax.bus.gate import PartitionTrained
 from relax.moe.fields import r3_fields, routing_fields
 from relax.omni.fields import input_fields
 from relax.omni.source import engine_class, make_source
+from relax.emulate import emulator, supervised
 from relax.fault.redelivery import existing_groups
 from relax.roles.base import ModelRole
 from relax.tasks import make_task
@@ -46,7 +47,15 @@ class RolloutRole(ModelRole):
         self.dcs_member = {"serve": True, "follow": cfg.mode == "async", "trainer": False}
         super().__init__(cfg, bus, telemetry, weights, threads, replica)
         r = cfg.rollout
-        if r.engine == "torch":
+        self.emu = emulator(cfg)  # emulated GPUs (relax/emulate/): synthetic tokens in the cost model's time
+        if self.emu is not None:
+            from relax.emulate.engine import EmulatedEngine
+
+            t = self.emu.target.rollout
+            virtual = 1 if supervised(cfg) else t.replicas  # one process standing in for every engine
+            self.engine = EmulatedEngine(self.model, self.tokenizer, self.emu, seed=cfg.seed + 1000 * (replica or 0),
+                                         virtual_replicas=virtual, chunk_requests=t.chunk_groups * r.group_size)
+        elif r.engine == "torch":
             self.engine = engine_class(cfg)(self.model, self.tokenizer, dtype=r.dtype, temperature=r.temperature,
                                             top_p=r.top_p, record_routing=cfg.moe.r3,
                                             seed=cfg.seed + 1000 * (replica or 0))
@@ -71,6 +80,9 @@ class RolloutRole(ModelRole):
 
     def backend(self) -> str:
         r = self.cfg.rollout
+        if self.emu is not None:
+            t = self.emu.target.rollout
+            return f"EMULATED {t.engine} engine on {self.emu.cost.hw.name} ({self.emu.cost.replica_devices:g} GPU(s))"
         if r.engine_urls:
             return f"{r.engine} engine at {r.engine_urls[self.replica or 0]}"
         return f"{r.engine} engine"
@@ -218,6 +230,11 @@ class RolloutRole(ModelRole):
                 "total_len": torch.tensor([len(p) + len(x) for p, x in zip(out["prompt_ids"], out["response_ids"])]),
             }
         encoded: dict[int, list[int]] = {}
+        if self.emu is not None:  # synthetic responses of the sim's lengths (no DAPO redraw: the sim has none)
+            prompt_idx = [self._prompt(k, g, 0) for g in groups for _ in range(G)]
+            prompts = [self.tokenizer.encode(self.data[i].prompt) for i in prompt_idx]
+            gens = self.engine.generate(prompts, self.emu.limits(k, groups))
+            return self._text_rows(k, groups, prompt_idx, prompts, gens)
 
         def encode(idx: int) -> list[int]:
             if idx not in encoded:
@@ -280,7 +297,8 @@ class RolloutRole(ModelRole):
         requests = [prompts[a] for a in range(len(groups)) for _ in range(G)]
         # Partial rollout: a version the follower brought in is loaded between decode steps, mid-request.
         between = (lambda: self.sync_weights(block=False)) if r.partial else None
-        for i, gen in self.engine.generate_stream(requests, r.max_new_tokens, r.max_inflight, between):
+        limits = self.emu.limits(k, groups) if self.emu is not None else r.max_new_tokens
+        for i, gen in self.engine.generate_stream(requests, limits, r.max_inflight, between):
             a, j = divmod(i, G)
             done[groups[a]][j] = gen
             if len(done[groups[a]]) == G:

@@ -155,12 +155,14 @@ class CostModel:
         flops = 2.0 * s.active_params * tokens + 2.0 * s.num_layers * s.attn_width * sum(p * p for p in prompt_lens)
         return flops / (self.replica_devices * self.peak * self.eff["prefill"])
 
-    def generate(self, requests: list[tuple[float, int]]) -> tuple[float, list[float]]:
+    def generate(self, requests: list[tuple[float, int]], max_running: int | None = None) -> tuple[float, list[float]]:
         """One engine call: `requests` (prompt tokens, response tokens) under continuous batching on one replica.
         Returns (duration, finish time of each request). Admission is FIFO while the active batch stays under
-        max_running_requests and its reserved KV (prompt + response of each) fits the cache."""
+        max_running_requests (and `max_running`, the caller's own cap, e.g. rollout.max_inflight) and its reserved
+        KV (prompt + response of each) fits the cache."""
         cap = self.kv_capacity_tokens() if self.hw.kind == "gpu" else float("inf")
         max_run = int(self.hw.rollout.max_running_requests.at(self.b))
+        max_run = min(max_run, max_running) if max_running else max_run
         over, arms = self.step_overhead, self.decode_arms
         if len(requests) <= max_run and sum(p + n for p, n in requests) <= cap:
             out = self._generate_all_admitted(requests, over, arms)

@@ -1,0 +1,53 @@
+"""The emulated-GPU study's driver and drawer: registered as `relax study emulate`, its spec's configs load and
+are priced, and analysis/emulate.py labels every number EMULATED / SIMULATED beside the published one."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+from relax.config import load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_study_is_registered_and_its_spec_prices_every_run():
+    from experiments import cli
+    from experiments.emulate import study
+    from relax.emulate import engine_config
+
+    assert cli.STUDIES["emulate"] == "experiments.emulate.study"
+    spec = yaml.safe_load(study.SPEC.read_text())
+    names = [r["name"] for r in spec["runs"]]
+    assert names == ["colocate", "async_on_policy", "async_off_policy", "verl", "openrlhf"]
+    for r in spec["runs"]:
+        cfg = load_config(ROOT / r["config"], [*r["overrides"], "steps=2"])
+        sim = study.simulate(cfg, spec)
+        assert sim["simulated"] and sim["mean_step_time_s"] > 0
+        assert engine_config(cfg.model_copy(update={"emulate": cfg.emulate.model_copy(
+            update={"hardware": spec["hardware"]})})).emulate.target is not None
+
+
+def test_drawer_writes_a_labelled_table_beside_the_published_numbers(tmp_path):
+    from analysis.emulate import draw_emulate
+
+    def run(name, em, si, published):
+        return {"name": name, "published": published, "emulated_over_simulated": em / si,
+                "emulated": {"mean_step_time_s": em, "trainer_wait_share": 0.005, "real_mean_step_time_s": em / 100,
+                             "samples_lost": 0, "samples_duplicated": 0, "load_before": 2.0, "load_after": 2.1,
+                             "run_dir": f"runs/{name}"},
+                "simulated": {"mean_step_time_s": si, "trainer_wait_share": 0.004, "critical_path_s": {"train": 8.0}}}
+
+    res = {"hardware": "h800", "compression": 100, "steps": 4,
+           "runs": [run("colocate", 260.0, 250.0, ["text_modes", "relax", "colocate", "step_time"]),
+                    run("openrlhf", 700.0, 600.0, None)], "beyond": None}
+    (tmp_path / "emulate").mkdir()
+    (tmp_path / "emulate" / "emulate_results.json").write_text(json.dumps(res))
+    files = draw_emulate(tmp_path, tmp_path / "figures", tmp_path / "tables")
+    md = next(f for f in files if f.suffix == ".md").read_text()
+    assert "EMULATED" in md and "225.9" in md  # the published colocate step time, read via analysis/published.py
+    csv = next(f for f in files if f.suffix == ".csv").read_text().splitlines()
+    assert csv[1].split(",")[4] == "True" and csv[2].split(",")[4] == "False"  # 4% inside 10%, 17% outside
+    assert any(f.suffix == ".png" for f in files)
