@@ -133,14 +133,17 @@ class Controller:
     # --- set-up ------------------------------------------------------------------------------------------
     def start_roles(self, initial_state) -> None:
         cfg = self.cfg
-        self.bus = Bus.start(cfg.bus, cfg.rollout.group_size, cfg.max_staleness)
+        # tq.init starts TQ's controller and then its storage, each process on one core: Telemetry's and the DCS
+        # coordinator's processes start meanwhile, on the other.
         self.telemetry = Telemetry.remote()
+        dcs = Supervisor.start_dcs(cfg)
+        self.bus = Bus.start(cfg.bus, cfg.rollout.group_size, cfg.max_staleness)
         # What the supervisor and the schedule see of this run (the dicts are the controller's own).
         self.ctx = RunContext(cfg, self.run_dir, self.bus, self.telemetry, self.names, self.roles,
                               self.records, self.poll, self.colocate_extra)
         # DCS (weights, version 0 = initial_state), the roles and rollout replicas, faults, recovery, API.
         self.supervisor = Supervisor(self.ctx, self.api_port)
-        self.supervisor.start(initial_state)
+        self.supervisor.start(initial_state, dcs)
 
     # --- metrics -----------------------------------------------------------------------------------------
     def poll(self, bar) -> None:

@@ -1,6 +1,14 @@
 import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # Never touch the network, and keep caches (warm-up weights, converted models) inside the test session.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -24,27 +32,6 @@ def local_ray():
         yield session
 
 
-def _listeners(root) -> dict[tuple[str, int], str]:
-    """Every listening TCP socket (and bound UDP socket) of `root` and its descendants: (ip, port) -> process."""
-    import socket
-
-    import psutil
-
-    out = {}
-    try:
-        procs = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return out
-    for p in procs:
-        try:
-            for c in p.net_connections("inet"):
-                if c.status == psutil.CONN_LISTEN or (c.type == socket.SOCK_DGRAM and not c.raddr):
-                    out[(c.laddr.ip, c.laddr.port)] = f"{p.pid} {p.name()}"
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
-    return out
-
-
 @pytest.fixture
 def watch_listeners():
     """`seen = watch_listeners(pid)` samples, every 0.5 s until the test ends, every socket that process tree
@@ -61,7 +48,7 @@ def watch_listeners():
 
         def loop():
             while True:
-                seen.update(_listeners(root))
+                seen.update(listeners(root))
                 if stop.wait(0.5):
                     return
 
@@ -104,3 +91,110 @@ def chromium(tmp_path):
         return out.stdout
 
     return run
+
+
+# ---- live runs shared by tests in several folders (each test asserts its own properties on the one run) ----------
+# The small-run overrides of the end-to-end tests (tests/test_e2e.py): a tiny Qwen3, 4 prompts x 4 samples a step.
+SMALL = ["rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.chunk_groups=2", "warmup.steps=40",
+         "task.eval_size=16", "model.hidden_size=64", "model.intermediate_size=128"]
+
+
+def _relax_run(out: Path, *args: str, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "relax.cli", "run", *args, "--out", str(out), "--no-progress"]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+@pytest.fixture(scope="session")
+def async_cli_run(tmp_path_factory):
+    """The README's worked example, the documented command with the `capped_pg` policy loss: `relax run
+    experiments/async/cpu.yaml --steps 4 --out DIR algorithm.policy_loss=capped_pg` (small). Read by
+    tests/test_e2e.py (the CLI run) and tests/roles/test_roles_algorithms_e2e.py (the loss runs end to end)."""
+    out = tmp_path_factory.mktemp("async_cli") / "results"
+    proc = _relax_run(out, "experiments/async/cpu.yaml", "--steps", "4", *SMALL, "algorithm.policy_loss=capped_pg")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run_dir,) = list((out / "async" / "cpu").iterdir())
+    return run_dir
+
+
+def listeners(root) -> dict[tuple[str, int], str]:
+    """Every listening TCP socket (and bound UDP socket) of psutil process `root` and its descendants:
+    (ip, port) -> process."""
+    import psutil
+
+    out = {}
+    try:
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return out
+    for p in procs:
+        try:
+            for c in p.net_connections("inet"):
+                if c.status == psutil.CONN_LISTEN or (c.type == socket.SOCK_DGRAM and not c.raddr):
+                    out[(c.laddr.ip, c.laddr.port)] = f"{p.pid} {p.name()}"
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return out
+
+
+def _kill_engine_server_at(root, version: int) -> int | None:
+    """SIGKILL the run's torch engine server (a descendant of `root`) once it reports weight version >= `version`;
+    its pid, or None while it is not up or not there yet."""
+    import psutil
+
+    from relax.engines.sglang import EngineClient
+
+    for p in root.children(recursive=True):
+        try:
+            cmd = p.cmdline()
+        except psutil.Error:
+            continue
+        if "relax.engines.http_server" not in cmd:
+            continue
+        client = EngineClient(f"http://127.0.0.1:{cmd[cmd.index('--port') + 1]}", timeout=5)
+        try:
+            if int(client.weight_version()) >= version:
+                p.kill()
+                return p.pid
+        except Exception:  # noqa: BLE001 - not up yet
+            pass
+        finally:
+            client.close()
+    return None
+
+
+@pytest.fixture(scope="session")
+def torch_http_run(tmp_path_factory):
+    """One `relax run` of the torch engine HTTP server (rollout.engine=torch_http) with the control API on, read by
+    tests/test_e2e.py (the CLI run; the Actor's versions reach the server), tests/test_cluster_network.py (every
+    socket listens on loopback) and tests/engines/test_remote_engine.py (a SIGKILLed server restarts its replica).
+
+    While it trains, this samples every listening socket of the run's process tree, and SIGKILLs the engine server
+    once it holds version 2. 6 steps: with max_staleness 1 partition k needs weights >= k - 1, so partitions 4 and 5
+    are still to come then and need a live server (with 4 steps the Rollout could already have generated everything
+    and never notice the kill)."""
+    import psutil
+
+    tmp = tmp_path_factory.mktemp("torch_http")
+    out = tmp / "results"
+    cmd = [sys.executable, "-m", "relax.cli", "run", "experiments/async/cpu.yaml", "--steps", "6", "--out", str(out),
+           "--run", "net", "--no-progress", "--api-port", "0", "rollout.engine=torch_http", *SMALL]
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}  # ignored: a local run keeps token auth on
+    log_path = tmp / "run.log"
+    seen: dict[tuple[str, int], str] = {}
+    killed = None
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 900
+        try:
+            root = psutil.Process(proc.pid)
+            while proc.poll() is None and time.time() < deadline:
+                seen.update(listeners(root))
+                if killed is None:
+                    killed = _kill_engine_server_at(root, 2)
+                time.sleep(0.3)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+    return SimpleNamespace(returncode=proc.returncode, log=log_path.read_text(), run_dir=out / "async" / "cpu" / "net",
+                           seen=seen, killed=killed)

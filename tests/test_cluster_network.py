@@ -7,14 +7,12 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import psutil
 import pytest
 
 from relax.loopback import is_loopback
 
-ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
 JOIN = "import ray, sys; ray.init(address=sys.argv[1]); print('JOINED', flush=True)"
@@ -59,28 +57,14 @@ def test_a_dcs_store_listens_on_its_host_only():
     assert all(a.port != st.port or is_loopback(a.ip) for a in mine)
 
 
-def test_a_local_run_listens_on_loopback_only(tmp_path, watch_listeners):
+def test_a_local_run_listens_on_loopback_only(torch_http_run):
     """`relax run` with the control API and the torch engine HTTP server (its weight-update gloo group and the DCS
     store too): sampled while it trains, every socket of the run's own process tree (the driver, Ray's processes,
-    the roles, TransferQueue, the engine server) listens on loopback."""
-    out = tmp_path / "results"
-    cmd = [sys.executable, "-m", "relax.cli", "run", "experiments/async/cpu.yaml", "--steps", "4", "--out", str(out),
-           "--run", "net", "--no-progress", "--api-port", "0", "rollout.engine=torch_http",
-           "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.chunk_groups=2", "warmup.steps=40",
-           "task.eval_size=16", "model.hidden_size=64", "model.intermediate_size=128"]
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}  # ignored: a local run keeps token auth on
-    log = open(tmp_path / "run.log", "w")
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    run_dir = out / "async" / "cpu" / "net"
-    seen = watch_listeners(proc.pid)
-    try:
-        proc.wait(timeout=900)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        log.close()
-    assert proc.returncode == 0, (tmp_path / "run.log").read_text()[-4000:]
+    the roles, TransferQueue, the engine server, and the server a Tier 1 restart launched) listens on loopback.
+    The run (tests/conftest.py) is shared with tests/test_e2e.py and tests/engines/test_remote_engine.py."""
+    run = torch_http_run
+    assert run.returncode == 0, run.log[-4000:]
+    seen, run_dir = run.seen, run.run_dir
     exposed = {addr: who for addr, who in seen.items() if not is_loopback(addr[0])}
     assert not exposed, f"listening beyond loopback: {exposed}"
     api_port = int(json.loads((run_dir / "api.json").read_text())["url"].rsplit(":", 1)[1])

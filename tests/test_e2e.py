@@ -31,7 +31,7 @@ def _read(run_dir: Path):
     return rows, json.loads((run_dir / "summary.json").read_text()), json.loads((run_dir / "trace.json").read_text())
 
 
-def _check_run(run_dir: Path, steps: int, max_staleness: int, roles: set[str]):
+def _check_run(run_dir: Path, steps: int, max_staleness: int, roles: set[str], per_step: int = 16):
     rows, summary, trace = _read(run_dir)
     assert [r["step"] for r in rows] == list(range(steps))
     for r in rows:
@@ -39,10 +39,10 @@ def _check_run(run_dir: Path, steps: int, max_staleness: int, roles: set[str]):
         assert set(r["busy_s"]) == roles
         assert 0 <= r["staleness_max"] <= max_staleness
         assert r["weight_version"] == r["step"] + 1
-        assert r["samples"] == 16
+        assert r["samples"] == per_step
     assert SUMMARY_FIELDS <= set(summary), SUMMARY_FIELDS - set(summary)
     assert summary["samples_lost"] == 0 and summary["samples_duplicated"] == 0
-    assert summary["samples_trained"] == steps * 16
+    assert summary["samples_trained"] == steps * per_step
     lanes = {e["args"]["name"] for e in trace["traceEvents"] if e["ph"] == "M"}
     assert lanes == roles  # one lane per role in the Chrome trace
     assert (run_dir / "config.yaml").exists()
@@ -52,55 +52,42 @@ def _check_run(run_dir: Path, steps: int, max_staleness: int, roles: set[str]):
 ROLES = {"rollout", "reward", "reference", "advantages", "actor"}
 
 
-def test_async_off_policy_cli_run(tmp_path):
-    """The documented command: relax run experiments/async/cpu.yaml --steps N --out DIR."""
-    out = tmp_path / "results"
-    cmd = [sys.executable, "-m", "relax.cli", "run", "experiments/async/cpu.yaml", "--steps", "4", "--out", str(out),
-           "--no-progress", *SMALL]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    (run_dir,) = list((out / "async" / "cpu").iterdir())
-    rows, summary = _check_run(run_dir, 4, 1, ROLES)
+def test_async_off_policy_cli_run(async_cli_run):
+    """The documented command: relax run experiments/async/cpu.yaml --steps N --out DIR (here the README's worked
+    example, algorithm.policy_loss=capped_pg; the run, tests/conftest.py, is shared with
+    tests/roles/test_roles_algorithms_e2e.py)."""
+    rows, summary = _check_run(async_cli_run, 4, 1, ROLES)
     assert summary["mode"] == "async" and summary["staleness_max"] <= 1
 
 
-def test_async_torch_http_engine_cli_run(tmp_path):
+def test_async_torch_http_engine_cli_run(torch_http_run):
     """rollout.engine=torch_http: the Rollout replica launches the torch engine HTTP server and generates through
     the SGLang client (relax/engines/remote.py); the Actor's published versions reach the server (each row's
-    weight_version is the one the server reports, and the on-time staleness bound holds only if they advance)."""
-    out = tmp_path / "results"
-    cmd = [sys.executable, "-m", "relax.cli", "run", "experiments/async/cpu.yaml", "--steps", "3", "--out", str(out),
-           "--no-progress", "rollout.engine=torch_http", *SMALL]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    (run_dir,) = list((out / "async" / "cpu").iterdir())
-    rows, summary = _check_run(run_dir, 3, 1, ROLES)
+    weight_version is the one the server reports, and the on-time staleness bound holds only if they advance).
+    The 6-step run (tests/conftest.py; its server is killed once and restarted) is shared with
+    tests/test_cluster_network.py and tests/engines/test_remote_engine.py."""
+    assert torch_http_run.returncode == 0, torch_http_run.log[-3000:]
+    rows, summary = _check_run(torch_http_run.run_dir, 6, 1, ROLES)
     assert summary["backends"]["rollout"] == "torch_http engine"
-    # staleness = step - row weight_version: rows of step 2 came from server version >= 1 (it started at 0)
-    assert rows[-1]["staleness_max"] <= 1 and rows[-1]["step"] == 2
+    # staleness = step - row weight_version: rows of step 5 came from server version >= 4 (it started at 0)
+    assert rows[-1]["staleness_max"] <= 1 and rows[-1]["step"] == 5
 
 
-def test_async_on_policy_never_stale(tmp_path):
-    cfg = load_config(ROOT / "experiments/async/cpu-onpolicy.yaml", ["steps=3", *SMALL])
-    run_dir, summary = run_experiment(cfg, out=tmp_path, progress=False)
-    rows, _ = _check_run(run_dir, 3, 0, ROLES)
+@pytest.fixture(scope="module")
+def onpolicy_run(tmp_path_factory):
+    """One on-policy run (experiments/async/cpu-onpolicy.yaml) read by two tests: it is never stale, and GRPO raises
+    the reward on basic_arithmetic from the warm-up start (seeded, 16 steps). The rollout cycles through a pool of
+    16 prompts, so the improvement is visible within the step budget; the warm-up saw the whole task and starts at
+    ~0.5 sampled reward on the pool."""
+    cfg = load_config(ROOT / "experiments/async/cpu-onpolicy.yaml",
+                      ["steps=16", "task.rl_pool=16", "training.lr=0.0001", "task.eval_size=16"])
+    run_dir, _ = run_experiment(cfg, out=tmp_path_factory.mktemp("onpolicy"), progress=False)
+    return run_dir
+
+
+def test_async_on_policy_never_stale(onpolicy_run):
+    rows, _ = _check_run(onpolicy_run, 16, 0, ROLES, per_step=16 * 8)
     assert all(r["staleness_mean"] == 0 for r in rows)
-
-
-def test_colocate_sleeps_and_wakes_the_engine(tmp_path):
-    cfg = load_config(ROOT / "experiments/colocate/cpu.yaml", ["steps=3", *SMALL])
-    run_dir, summary = run_experiment(cfg, out=tmp_path, progress=False)
-    rows, _ = _check_run(run_dir, 3, 0, ROLES)
-    assert all(r["sleep_wake_s"] > 0 and r["freed_bytes"] > 0 for r in rows)
-    assert summary["sleep_wake_s_mean"] > 0
-    # colocated: rollout and training alternate, so generation never overlaps a training micro-batch
-    _, _, trace = _read(run_dir)
-    lane = {e["args"]["name"]: e["tid"] for e in trace["traceEvents"] if e["ph"] == "M"}
-    spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
-    gen = [(e["ts"], e["ts"] + e["dur"]) for e in spans if e["tid"] == lane["rollout"] and e["name"] == "generate"]
-    train = [(e["ts"], e["ts"] + e["dur"]) for e in spans if e["tid"] == lane["actor"] and e["name"] == "train_micro_batch"]
-    assert gen and train
-    assert not any(a0 < b1 and b0 < a1 for a0, a1 in gen for b0, b1 in train)
 
 
 def _sums_parquet(path: Path, n: int, bad_row: int | None = None) -> Path:
@@ -114,23 +101,48 @@ def _sums_parquet(path: Path, n: int, bad_row: int | None = None) -> Path:
     return path
 
 
-def test_colocate_run_on_a_parquet_file(tmp_path):
+def _colocate_parquet_run(data: Path, out: Path) -> subprocess.CompletedProcess:
+    task = ["task.name=local_dataset", "task.reward=exact", "task.prompt_template='{question}'",
+            f"task.params={{path: {data}, prompt: question, answer: label.value}}", "task.size=84"]
+    cmd = [sys.executable, "-m", "relax.cli", "run", "experiments/colocate/cpu.yaml", "--steps", "3", "--out",
+           str(out), "--no-progress", *SMALL, *task]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def colocate_run(tmp_path_factory):
+    """One colocated CLI run on a parquet file (task.name=local_dataset), read by two tests: the engine sleeps and
+    wakes around training, and the run reads the researcher's rows."""
+    tmp = tmp_path_factory.mktemp("colocate")
+    data = _sums_parquet(tmp / "sums.parquet", 100)
+    proc = _colocate_parquet_run(data, tmp / "results")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run_dir,) = list((tmp / "results" / "colocate" / "cpu").iterdir())
+    return data, run_dir
+
+
+def test_colocate_sleeps_and_wakes_the_engine(colocate_run):
+    _, run_dir = colocate_run
+    rows, summary = _check_run(run_dir, 3, 0, ROLES)
+    assert all(r["sleep_wake_s"] > 0 and r["freed_bytes"] > 0 for r in rows)
+    assert summary["sleep_wake_s_mean"] > 0
+    # colocated: rollout and training alternate, so generation never overlaps a training micro-batch
+    _, _, trace = _read(run_dir)
+    lane = {e["args"]["name"]: e["tid"] for e in trace["traceEvents"] if e["ph"] == "M"}
+    spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    gen = [(e["ts"], e["ts"] + e["dur"]) for e in spans if e["tid"] == lane["rollout"] and e["name"] == "generate"]
+    train = [(e["ts"], e["ts"] + e["dur"]) for e in spans if e["tid"] == lane["actor"] and e["name"] == "train_micro_batch"]
+    assert gen and train
+    assert not any(a0 < b1 and b0 < a1 for a0, a1 in gen for b0, b1 in train)
+
+
+def test_colocate_run_on_a_parquet_file(colocate_run, tmp_path):
     """task.name=local_dataset: the warm-up, rollout, reward and evaluation all read the parquet rows through
     the column mapping; a bad row fails the same command before anything starts."""
-    def run(data: Path, out: Path) -> subprocess.CompletedProcess:
-        task = ["task.name=local_dataset", "task.reward=exact", "task.prompt_template='{question}'",
-                f"task.params={{path: {data}, prompt: question, answer: label.value}}", "task.size=84"]
-        cmd = [sys.executable, "-m", "relax.cli", "run", "experiments/colocate/cpu.yaml", "--steps", "2", "--out",
-               str(out), "--no-progress", *SMALL, *task]
-        return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
-
-    data = _sums_parquet(tmp_path / "sums.parquet", 100)
-    proc = run(data, tmp_path / "results")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    (run_dir,) = list((tmp_path / "results" / "colocate" / "cpu").iterdir())
-    _check_run(run_dir, 2, 0, ROLES)
+    data, run_dir = colocate_run
+    _check_run(run_dir, 3, 0, ROLES)
     assert load_config(run_dir / "config.yaml").task.params["path"] == str(data)
-    proc = run(_sums_parquet(tmp_path / "bad.parquet", 100, bad_row=57), tmp_path / "bad")
+    proc = _colocate_parquet_run(_sums_parquet(tmp_path / "bad.parquet", 100, bad_row=57), tmp_path / "bad")
     assert proc.returncode == 2 and "task.params.answer: bad.parquet row 57 column 'label.value'" in proc.stderr
     assert not (tmp_path / "bad").exists()  # nothing half-written, Ray never started
 
@@ -144,15 +156,8 @@ def test_bad_config_fails_before_anything_starts(tmp_path):
     assert not any(tmp_path.iterdir())  # nothing half-written
 
 
-def test_reward_rises_from_warmup_start(tmp_path):
-    """GRPO raises the reward on basic_arithmetic from the warm-up start (seeded, 16 steps, on-policy).
-
-    The rollout cycles through a pool of 16 prompts, so the improvement is visible within the step budget;
-    the warm-up saw the whole task and starts at ~0.5 sampled reward on the pool.
-    """
-    cfg = load_config(ROOT / "experiments/async/cpu-onpolicy.yaml",
-                      ["steps=16", "task.rl_pool=16", "training.lr=0.0001", "task.eval_size=16"])
-    run_dir, summary = run_experiment(cfg, out=tmp_path, progress=False)
-    rewards = [r["reward_mean"] for r in _read(run_dir)[0]]
+def test_reward_rises_from_warmup_start(onpolicy_run):
+    """GRPO raises the reward on basic_arithmetic from the warm-up start (the on-policy run above)."""
+    rewards = [r["reward_mean"] for r in _read(onpolicy_run)[0]]
     first, last = sum(rewards[:4]) / 4, sum(rewards[-4:]) / 4
     assert last > first + 0.05, rewards

@@ -1,5 +1,10 @@
-"""The data bus: every role exchanges rows through TransferQueue partitions, never with each other."""
+"""The data bus: every role exchanges rows through TransferQueue partitions, never with each other.
 
+Import from here (`from relax.bus import Bus`). The names resolve lazily: the staleness gate's actor
+(`gate.Coordinator`) imports only Ray, not torch, tensordict and TransferQueue (seconds of CPU per process).
+"""
+
+import importlib
 import os
 
 import psutil
@@ -9,8 +14,12 @@ import psutil
 # Ray's workers (TQ's storage units included) inherit it too.
 os.environ.setdefault("TQ_NUM_THREADS", str(min(8, psutil.cpu_count(logical=False) or 1)))
 
-from relax.bus.batch import Batch  # noqa: E402
-from relax.bus.bus import Bus  # noqa: E402
-from relax.bus.loader import StreamingLoader  # noqa: E402
+_HOME = {"Batch": "batch", "Bus": "bus", "StreamingLoader": "loader"}
+__all__ = list(_HOME)
 
-__all__ = ["Batch", "Bus", "StreamingLoader"]
+
+def __getattr__(name: str):
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{home}"), name)

@@ -127,6 +127,8 @@ class Bus:
                 continue
             raise RuntimeError(f"Bus.start: {namespace}/{name} is already running; close the previous bus first")
         t0 = time.time()
+        # The coordinator's process starts while tq.init starts TQ's controller and then its storage.
+        coord = Coordinator.options(name=NAME, namespace=NAMESPACE).remote(cfg.capacity_rows, group_size, max_staleness)
         tq.init(
             {
                 # Polling mode: a fetch with nothing ready returns at once instead of blocking the controller.
@@ -134,7 +136,6 @@ class Bus:
                 "backend": {"SimpleStorage": {"num_data_storage_units": cfg.storage_units}},
             }
         )
-        coord = Coordinator.options(name=NAME, namespace=NAMESPACE).remote(cfg.capacity_rows, group_size, max_staleness)
         _get(coord.settings.remote())
         log.info("bus started in %.1f s (capacity %d rows, group size %d, max staleness %d)",
                  time.time() - t0, cfg.capacity_rows, group_size, max_staleness)

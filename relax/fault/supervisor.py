@@ -79,10 +79,18 @@ class Supervisor:
         self.t_start = time.time()
 
     # ---- set-up ---------------------------------------------------------------------------------------------
-    def start(self, initial_state: dict) -> None:
-        cfg, ctx = self.cfg, self.ctx
+    @staticmethod
+    def start_dcs(cfg) -> DCS:
+        """The run's DCS (`cfg.dcs`), returned while its coordinator's process may still be starting (the first call
+        on it waits): the controller starts it before the bus, so the two start-ups overlap."""
         d = cfg.dcs
-        self.dcs = DCS.start(d.transport, d.bucket_mb, d.timeout_s, cfg.health.heartbeat_s, d.device, d.reuse_groups)
+        return DCS.start(d.transport, d.bucket_mb, d.timeout_s, cfg.health.heartbeat_s, d.device, d.reuse_groups,
+                         wait=False)
+
+    def start(self, initial_state: dict, dcs: DCS) -> None:
+        """Version 0 in `dcs` (from `start_dcs`), the roles and rollout replicas, faults, recovery and the API."""
+        cfg, ctx = self.cfg, self.ctx
+        self.dcs = dcs
         # The driver pins version 0 (the reference policy) and follows every newer version.
         self.dcs.join("driver", serve=True, follow=True, durable=True)
         self.dcs.publish(0, initial_state, pin=True)

@@ -76,8 +76,9 @@ class DCS:
     # -- lifecycle
     @classmethod
     def start(cls, transport: str = "gloo", bucket_mb: float = 64.0, timeout_s: float = 60.0,
-              heartbeat_s: float = 0.5, device: str = "cpu", reuse_groups: bool = True) -> DCS:
-        """Start the coordinator (driver, after ray.init) and return a handle for the roles."""
+              heartbeat_s: float = 0.5, device: str = "cpu", reuse_groups: bool = True, wait: bool = True) -> DCS:
+        """Start the coordinator (driver, after ray.init) and return a handle for the roles. `wait=False` returns
+        while its process still starts (the first call on it waits), so the caller can start others meanwhile."""
         try:
             ray.get_actor(NAME, namespace=NAMESPACE)
         except ValueError:
@@ -86,7 +87,8 @@ class DCS:
             raise RuntimeError(f"DCS.start: {NAMESPACE}/{NAME} is already running; close the previous one first")
         host = ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
         coord = DCSCoordinator.options(name=NAME, namespace=NAMESPACE).remote(transport, host, reuse_groups)
-        ray.get(coord.topology.remote())
+        if wait:
+            ray.get(coord.topology.remote())
         dcs = cls(transport, bucket_mb, timeout_s, heartbeat_s, device, reuse_groups)
         dcs._coord = coord
         return dcs

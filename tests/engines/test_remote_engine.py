@@ -145,55 +145,16 @@ def test_external_engine_by_url():
 
 
 @pytest.mark.slow
-def test_async_torch_http_dead_server_restarts_the_replica(tmp_path):
-    """The engine server of the (only) Rollout replica is SIGKILLed mid-run: the replica exits, Tier 1 restarts it
-    with a fresh server, and the run trains every sample once."""
-    import threading
-    import time
-
-    import psutil
-
-    from relax.controller import run_experiment
-
-    small = ["rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.chunk_groups=2", "warmup.steps=40",
-             "task.eval_size=16"]
-    # 6 steps: with max_staleness 1 partition k needs weights >= k - 1, so once the server holds version 2 (when it is
-    # killed) partitions 4 and 5 are still to come and need a live server (with 4 steps the Rollout could already
-    # have generated everything and never notice the kill).
-    cfg = _cfg("rollout.engine=torch_http", "steps=6", *small)
-    killed = []
-
-    def kill_server_after_first_step():
-        from relax.engines.sglang import EngineClient
-
-        deadline = time.time() + 300
-        while time.time() < deadline:
-            # our own descendants only (Ray's raylet and its workers are children of this process)
-            for p in psutil.Process().children(recursive=True):
-                try:
-                    cmd = p.cmdline()
-                except psutil.NoSuchProcess:
-                    continue
-                if "relax.engines.http_server" not in cmd:
-                    continue
-                client = EngineClient(f"http://127.0.0.1:{cmd[cmd.index('--port') + 1]}", timeout=5)
-                try:  # the Actor's step-1 weights reached the server: kill it mid-run
-                    if int(client.weight_version()) >= 2:
-                        p.kill()
-                        killed.append(p.pid)
-                        return
-                except Exception:  # noqa: BLE001 - not up yet
-                    pass
-                finally:
-                    client.close()
-            time.sleep(0.2)
-
-    t = threading.Thread(target=kill_server_after_first_step, daemon=True)
-    t.start()
-    run_dir, summary = run_experiment(cfg, out=tmp_path, progress=False)
-    t.join(5)
-    assert killed, "no engine server was found to kill"
+def test_async_torch_http_dead_server_restarts_the_replica(torch_http_run):
+    """The engine server of the (only) Rollout replica is SIGKILLed mid-run, once it holds version 2 with partitions
+    4 and 5 still to come: the replica exits, Tier 1 restarts it with a fresh server, and the run trains every
+    sample once. The 6-step run (tests/conftest.py) is shared with tests/test_e2e.py and
+    tests/test_cluster_network.py."""
+    run = torch_http_run
+    assert run.killed, "no engine server was found to kill"
+    assert run.returncode == 0, run.log[-4000:]
+    summary = json.loads((run.run_dir / "summary.json").read_text())
     assert summary["samples_trained"] == 6 * 16
     assert summary["samples_lost"] == 0 and summary["samples_duplicated"] == 0
-    rec = json.loads((run_dir / "recovery.json").read_text())
+    rec = json.loads((run.run_dir / "recovery.json").read_text())
     assert [(e["role"], e["tier"]) for e in rec["events"]] == [("rollout", 1)]

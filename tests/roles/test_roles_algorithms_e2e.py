@@ -1,6 +1,7 @@
 """End-to-end runs of the algorithm suite (2 steps each, the small overrides of tests/test_e2e.py):
 PPO with a Critic (GAE) + a GenRM judge + DAPO marks in one run, on-policy distillation with a Teacher,
-GSPO and SAPO. Every run checks the exactly-once account and one trace lane per service."""
+GSPO, SAPO and capped_pg (the README's worked example: the documented CLI run of tests/test_e2e.py, 4 steps, shared
+through tests/conftest.py). Every run checks the exactly-once account and one trace lane per service."""
 
 import json
 from pathlib import Path
@@ -20,13 +21,20 @@ BASE = {"rollout", "reward", "reference", "advantages", "actor"}
 
 def _run(tmp_path, *overrides):
     cfg = load_config(ROOT / "experiments/async/cpu.yaml", [*SMALL, *overrides])
-    run_dir, summary = run_experiment(cfg, out=tmp_path, progress=False)
+    run_dir, _ = run_experiment(cfg, out=tmp_path, progress=False)
+    return _checked(run_dir, cfg.steps)
+
+
+def _checked(run_dir: Path, steps: int):
+    """A finished run's rows, summary, trace lanes and spans, after the account checks."""
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    summary = json.loads((run_dir / "summary.json").read_text())
     trace = json.loads((run_dir / "trace.json").read_text())
     lanes = {e["args"]["name"] for e in trace["traceEvents"] if e["ph"] == "M"}
     spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
-    assert [r["step"] for r in rows] == [0, 1]
-    assert summary["samples_lost"] == 0 and summary["samples_duplicated"] == 0 and summary["samples_trained"] == 32
+    assert [r["step"] for r in rows] == list(range(steps))
+    assert summary["samples_lost"] == 0 and summary["samples_duplicated"] == 0
+    assert summary["samples_trained"] == steps * 16
     return rows, summary, lanes, spans
 
 
@@ -69,7 +77,12 @@ def test_on_policy_distillation(tmp_path):
     assert all(r["grad_norm"] > 0 for r in rows)  # the teacher differs from the student: a distillation signal
 
 
-@pytest.mark.parametrize("loss", ["gspo", "sapo", "capped_pg"])  # capped_pg: the README's worked example
-def test_policy_losses_run(tmp_path, loss):
-    rows, summary, lanes, _ = _run(tmp_path, f"algorithm.policy_loss={loss}")
+@pytest.mark.parametrize("loss", ["gspo", "sapo", "capped_pg"])
+def test_policy_losses_run(tmp_path, loss, request):
+    if loss == "capped_pg":  # the README's worked example: the shared CLI run (tests/conftest.py) runs that command
+        run_dir = request.getfixturevalue("async_cli_run")
+        assert load_config(run_dir / "config.yaml").algorithm.policy_loss == "capped_pg"
+        rows, summary, lanes, _ = _checked(run_dir, 4)
+    else:
+        rows, summary, lanes, _ = _run(tmp_path, f"algorithm.policy_loss={loss}")
     assert lanes == BASE and all(r["samples"] == 16 for r in rows)

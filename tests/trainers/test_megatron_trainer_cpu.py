@@ -129,19 +129,12 @@ def test_a_non_finite_step_is_skipped_and_changes_nothing(result, kind, trainer)
 
 
 @pytest.mark.slow
-def test_actor_role_trains_with_megatron_end_to_end(tmp_path):
+def test_actor_role_trains_with_megatron_end_to_end(single):
     """training.trainer=megatron: the Actor (a Ray actor process) builds the Megatron trainer on the CPU, trains
-    from the bus and publishes the trained weights through DCS every step, like the torch trainer."""
-    from relax.config import load_config
-    from relax.controller import run_experiment
-
-    root = str(ROOT)
-    small = ["rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.chunk_groups=2", "warmup.steps=40",
-             "task.eval_size=16", "model.hidden_size=64", "model.intermediate_size=128"]
-    cfg = load_config(os.path.join(root, "experiments/async/cpu.yaml"), ["steps=2", "training.trainer=megatron",
-                                                                          *small])
-    run_dir, summary = run_experiment(cfg, out=tmp_path, progress=False)
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    from the bus and publishes the trained weights through DCS every step, like the torch trainer. The 2-step run
+    is test_megatron_group_cpu.py's one-rank reference (tests/trainers/conftest.py)."""
+    cfg, summary, rows, _ = single
+    assert cfg.training.trainer == "megatron" and summary["backends"]["actor"].startswith("megatron (1 rank(s)")
     assert [r["step"] for r in rows] == [0, 1] and [r["weight_version"] for r in rows] == [1, 2]
     assert all(r["samples"] == 16 and r["grad_norm"] > 0 and r["update_ok"] for r in rows), rows
     assert summary["samples_lost"] == 0 and summary["samples_duplicated"] == 0
