@@ -4,7 +4,7 @@ Import from here (`from relax.bus import Bus`). The names resolve lazily: the st
 (`gate.Coordinator`) imports only Ray, not torch, tensordict and TransferQueue (seconds of CPU per process).
 """
 
-import importlib
+from relax.lazy import lazy_getattr
 import os
 
 import psutil
@@ -18,8 +18,4 @@ _HOME = {"Batch": "batch", "Bus": "bus", "StreamingLoader": "loader"}
 __all__ = list(_HOME)
 
 
-def __getattr__(name: str):
-    home = _HOME.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{home}"), name)
+__getattr__ = lazy_getattr(__name__, _HOME)

@@ -25,7 +25,7 @@ which needs only `transport`, does not import Ray.
 
 from __future__ import annotations
 
-import importlib
+from relax.lazy import lazy_getattr
 
 _HOME = {
     "DCS": "client",
@@ -39,8 +39,4 @@ _HOME = {
 __all__ = list(_HOME)
 
 
-def __getattr__(name: str):
-    home = _HOME.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{home}"), name)
+__getattr__ = lazy_getattr(__name__, _HOME)
