@@ -167,7 +167,8 @@ class Supervisor:
         self.t_start = time.time()
         self.futs = {ctx.roles[n].run.remote(cfg.steps): n for n in ctx.role_names if n != "rollout"}
         self.pool.activate_all()
-        last_health = last_poll = time.time()
+        last_health = last_poll = last_step_t = time.time()
+        progress = (0, 0)
         actor_done = False
         while not actor_done:
             watch = self._watched()
@@ -193,6 +194,11 @@ class Supervisor:
             if time.time() - last_poll > 0.3:  # step records (fault triggers), progress bar, memory
                 ctx.poll(bar)
                 last_poll = time.time()
+                # A step, a recovery event or a restart under way is progress.
+                if (len(ctx.records), len(self.events)) != progress or self.restarting:
+                    progress, last_step_t = (len(ctx.records), len(self.events)), last_poll
+                elif last_poll - last_step_t > cfg.health.stall_timeout_s:
+                    self._stalled(last_poll - last_step_t)
         self.injector.stop()
         # Every partition is trained: the other loops end on their own.
         for ref, key in self._watched().items():
@@ -202,6 +208,26 @@ class Supervisor:
                 log.warning("%s did not end cleanly after training finished", key)
             if isinstance(key, tuple):
                 self.pool.finished(key[1])
+
+    def _stalled(self, seconds: float) -> None:
+        """No step for `seconds`: write the stall report (relax/fault/stall.py) and fail the run."""
+        from relax.fault import stall
+
+        ctx = self.ctx
+        pids = dict(self.pids)
+        pids |= {f"rollout-{i}": r.pid for i, r in self.pool.snapshot().items() if r.pid is not None}
+        sections = {
+            "progress": f"{len(ctx.records)} of {self.cfg.steps} steps; none for {seconds:.0f} s "
+                        f"(health.stall_timeout_s={self.cfg.health.stall_timeout_s:g}); recovery events: {self.events}",
+            "staleness gate": f"oldest unconsumed {ctx.bus.oldest_unconsumed()}, rows held {ctx.bus.held_rows()}",
+            "group queue": str(ray.get(self.queue.stats.remote())) if self.queue is not None else "none",
+            "actor step (telemetry)": str(ray.get(ctx.telemetry.fault_state.remote())),
+            "bus": stall.bus_state(ctx.bus, self.cfg, ctx.role_names),
+        }
+        if len(ray.nodes()) == 1:
+            sections |= {f"py-spy {n} (pid {p})": stall.py_spy(p) for n, p in pids.items()}
+        path = stall.write_report(ctx.run_dir, sections)
+        raise RuntimeError(f"the run stalled: no step finished for {seconds:.0f} s; where every role waits: {path}")
 
     def _inject(self) -> None:
         """Fire the faults due at the step the Actor is on (its own counter, from Telemetry) and tell it which

@@ -16,6 +16,7 @@ from relax.config import ConfigError, FaultSpec, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["rollout.prompts_per_step=4", "rollout.group_size=4", "warmup.steps=20", "task.eval_size=8",
+        "health.stall_timeout_s=240",  # a hang fails in minutes with a stall report (relax/fault/stall.py)
         "rollout.chunk_groups=1"]
 
 
@@ -188,6 +189,7 @@ def test_redelivery_hands_unwritten_rows_out_again_and_skips_written_ones(local_
     from relax.bus import Bus
     from relax.config import BusConfig
     from relax.fault.redelivery import existing_groups, live_partitions, produced, redeliver, waiting
+    from relax.fault.stall import task_state
 
     bus = Bus.start(BusConfig(capacity_rows=64), group_size=2, max_staleness=1)
     try:
@@ -209,6 +211,9 @@ def test_redelivery_hands_unwritten_rows_out_again_and_skips_written_ones(local_
         assert bus.fetch(0, "reward", ["response_ids"], max_rows=6) is None  # lost to the task without redelivery
         done = produced(bus, 0, ["rewards"])
         assert done == set(first.indexes)
+        # what a stall report shows for it (relax/fault/stall.py)
+        assert task_state(bus, 0, "reward", ["response_ids"], ["rewards"]) == {
+            "input_ready": 6, "fetched": 6, "written": 2, "fetched_not_written": sorted(set(got.indexes) - done)}
         assert redeliver(bus, "reward", 0) == [0]
         again = bus.fetch(0, "reward", ["response_ids"], max_rows=6)
         todo = [g for g in again.indexes if g not in done]
