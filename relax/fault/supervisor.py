@@ -361,12 +361,7 @@ class Supervisor:
     def _died(self, pid: int) -> bool:
         """The role process `pid` is gone (or a zombie). Known only on a one-node cluster (the roles' pids are this
         machine's); on more nodes only injected kills are known."""
-        if len(ray.nodes()) > 1:
-            return False
-        try:
-            return psutil.Process(pid).status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
-        except psutil.NoSuchProcess:
-            return True
+        return len(ray.nodes()) == 1 and exited(pid)
 
     def _forget(self, pid: int | None) -> None:
         """The DCS stops pairing receivers with a dead process."""
@@ -425,7 +420,9 @@ class Supervisor:
                     stopped.append(pid)
             self._forget(pid)
             ray.kill(handle)
+            killed.append((pid, handle))
 
+        killed: list = []
         for key, handle, pending_ev in self.restarting.values():
             ray.kill(handle)
             if isinstance(key, tuple) and key[0] == "spare":
@@ -442,8 +439,13 @@ class Supervisor:
         for i in active:
             rep = self.pool.replicas[i]
             stop("rollout", i, rep.pid, rep.handle)
-            ray.get(self.queue.release.remote(i))
             rep.future, rep.pid = None, None
+        # ray.kill only asks: a process still running could fetch rows after the redelivery below (consumed, never
+        # written) or claim groups under its replica index after the release (held open forever), and the run
+        # would hang. Nothing is handed out again before every stopped process is gone.
+        wait_exited(killed)
+        for i in active:
+            ray.get(self.queue.release.remote(i))
         self.futs = {}
         ev["stopped_pids"] = stopped  # the processes this restart stopped itself
         # 2. Resume point: the newest version a live process holds. Partitions before it are trained (their
@@ -594,6 +596,35 @@ def disk_cold_reload(path: Path) -> float | None:
     for k, v in state.items():
         scratch[k].copy_(v)
     return time.perf_counter() - t0
+
+
+def exited(pid: int) -> bool:
+    """Process `pid` of this machine is gone (or a zombie: dead, only not yet reaped)."""
+    try:
+        return psutil.Process(pid).status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+    except psutil.NoSuchProcess:
+        return True
+
+
+def wait_exited(killed: list, timeout: float = 60.0) -> None:
+    """Wait until every (pid, handle) in `killed` (each already sent ray.kill) has exited: on one node its pid is
+    gone; on more, the best Ray offers, its handle answering ActorDiedError."""
+    deadline, one_node = time.time() + timeout, len(ray.nodes()) == 1
+    for pid, handle in killed:
+        while not (exited(pid) if pid is not None and one_node else _handle_dead(handle)):
+            if time.time() > deadline:
+                raise RuntimeError(f"a stopped role process (pid {pid}) still runs {timeout:g} s after ray.kill")
+            time.sleep(0.02)
+
+
+def _handle_dead(handle) -> bool:
+    try:
+        ray.get(handle.pid.remote(), timeout=1)
+    except ray.exceptions.RayActorError:
+        return True
+    except ray.exceptions.GetTimeoutError:  # busy in a call: not known to be gone
+        pass
+    return False
 
 
 def _kill(pid: int) -> None:

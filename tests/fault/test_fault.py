@@ -183,6 +183,34 @@ def test_killing_every_role_mid_run_loses_and_repeats_no_sample(tmp_path):
     assert rec["global_restarts"] == 1
 
 
+def test_a_global_restart_waits_for_every_stopped_process_to_exit(local_ray):
+    """ray.kill only asks; a stopped role still running could fetch rows after their redelivery (the hang once
+    seen in kill-every-role). wait_exited returns once the process is gone, and fails on one that stays."""
+    import os
+
+    import ray
+
+    from relax.fault.supervisor import exited, wait_exited
+
+    @ray.remote(num_cpus=0)
+    class Busy:
+        def pid(self):
+            return os.getpid()
+
+        def block(self):
+            time.sleep(120)
+
+    a, b, c = Busy.remote(), Busy.remote(), Busy.remote()
+    pids = ray.get([h.pid.remote() for h in (a, b, c)])
+    a.block.remote(), b.block.remote()  # killed inside a call, as a role in its run() loop is
+    ray.kill(a), ray.kill(b)
+    wait_exited([(pids[0], a), (None, b)])  # by pid (one node), and by handle alone (a role on another node)
+    assert exited(pids[0])
+    with pytest.raises(RuntimeError, match=f"pid {pids[2]}"):
+        wait_exited([(pids[2], c)], timeout=0.5)  # never killed: still running
+    assert not exited(pids[2])
+
+
 def test_redelivery_hands_unwritten_rows_out_again_and_skips_written_ones(local_ray):
     import torch
 
