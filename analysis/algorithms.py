@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from analysis.plot import save  # noqa: E402
 from analysis.tables import write_table
 from relax.run_folder import METRICS, RunFolder
 
@@ -111,7 +112,6 @@ def draw_algorithms(results_root: Path, figures_dir: Path, tables_dir: Path) -> 
              "unseen prompts; no published counterpart.", fontsize=7)
     fig.tight_layout(rect=(0, 0.03, 1, 1))
     out = figures_dir / "algorithms.png"
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    save(fig, out)
     return written + [out]
 

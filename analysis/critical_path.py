@@ -18,6 +18,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
+from analysis.plot import save  # noqa: E402
 from analysis.published import value as published_value  # noqa: E402
 from analysis.results import SYSTEMS, load_metrics, load_trace  # noqa: E402
 from relax.metrics.telemetry import union_seconds  # noqa: E402
@@ -162,8 +163,7 @@ def plot_gantt(runs: dict[str, Path], out: Path) -> Path:
                  "schedules emulated)", fontsize=11)
     fig.tight_layout(rect=(0, 0.09, 1, 0.97))
     path = out / "critical_path_gantt.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
     return path
 
 
@@ -190,6 +190,5 @@ def plot_breakdown(table: pd.DataFrame, out: Path) -> Path:
     ax.legend(fontsize=8, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.18), frameon=False)
     fig.tight_layout()
     path = out / "critical_path_breakdown.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
     return path

@@ -13,6 +13,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from analysis.plot import save  # noqa: E402
 from analysis.published import value as published_value  # noqa: E402
 from analysis.tables import write_table  # noqa: E402
 
@@ -77,8 +78,7 @@ def plot(table: list[dict], res: dict, path: Path) -> Path:
     ax.set_title(f"{TAG} {res['hardware']} GPUs at {res['compression']:g}x compression vs SIMULATED vs published")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
     return path
 
 

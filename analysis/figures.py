@@ -22,6 +22,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from analysis import critical_path  # noqa: E402
+from analysis.plot import save  # noqa: E402
 from analysis.published import value as published_value  # noqa: E402
 from analysis.results import (  # noqa: E402
     PUBLISHED_HW, REFERENCE, RESULTS, SYSTEMS, hardware, host_load, load_config, load_metrics, load_summary,
@@ -169,8 +170,7 @@ def plot_systems(table: pd.DataFrame, ratios: pd.DataFrame, runs: dict[str, Path
                  fontsize=11)
     fig.tight_layout()
     path = out / "systems_step_time.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
     return path
 
 
@@ -193,8 +193,7 @@ def plot_reward(runs: dict[str, Path], out: Path) -> Path:
         ax.grid(alpha=0.3)
     fig.tight_layout()
     path = out / "reward_curves.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
     return path
 
 
@@ -226,8 +225,7 @@ def plot_staleness(table: pd.DataFrame, out: Path) -> Path:
         ax.grid(alpha=0.3)
     fig.tight_layout()
     path = out / "staleness_sweep.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
     return path
 
 

@@ -15,6 +15,7 @@ import json
 import math
 from pathlib import Path
 
+from analysis.plot import save  # noqa: E402
 from analysis.tables import write_table
 
 RESULTS_FILE = "headroom.json"
@@ -123,6 +124,5 @@ def draw_headroom(results_root: Path, figures_dir: Path, tables_dir: Path) -> li
     fig.tight_layout()
     figures_dir.mkdir(parents=True, exist_ok=True)
     out = figures_dir / "headroom.png"
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    save(fig, out)
     return [*written, out]

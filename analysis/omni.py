@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 from analysis import published
+from analysis.plot import save  # noqa: E402
 from analysis.tables import write_table
 
 RESULTS_FILE = "omni_results.json"
@@ -106,9 +107,7 @@ def plot_omni(res: dict, pub: dict, path: Path) -> Path:
     fig.text(0.5, 0.005, "Published values are the paper's Qwen3-Omni-30B-A3B run; ours is a tiny model on 2 shared "
              "CPU cores: compare the ratio and the direction of reward, not absolute values.", ha="center", fontsize=7)
     fig.tight_layout(rect=(0, 0.03, 1, 0.95))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
     return path
 
 

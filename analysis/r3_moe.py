@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 from analysis import published
+from analysis.plot import save  # noqa: E402
 from analysis.tables import write_table
 
 RESULTS_FILE = "r3_results.json"
@@ -318,9 +319,7 @@ def plot_r3(res: dict, pub: dict, path: Path) -> Path:
     fig.suptitle("Rollout Routing Replay (R3): tiny Qwen3-MoE, 2-core CPU (measured) beside 16xH800 (published)",
                  fontsize=10)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
     return path
 
 

@@ -30,6 +30,7 @@ import json
 import statistics
 from pathlib import Path
 
+from analysis.plot import save  # noqa: E402
 from analysis.tables import write_csv
 from relax.run_folder import RunFolder
 
@@ -138,8 +139,7 @@ def figure(run_dir: Path, path: Path) -> None:
     ax.legend(loc="lower right", fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save(fig, path, dpi=120)
 
 
 def main(args) -> int:
@@ -324,6 +324,5 @@ def draw_recovery(source: Path, figs: Path, tables: Path) -> list[Path]:
                  fontsize=9)
     fig.tight_layout()
     out = figs / "recovery.png"
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    save(fig, out)
     return [out, tables / "recovery.md", tables / "recovery.csv"]

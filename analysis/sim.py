@@ -12,6 +12,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from analysis.plot import save  # noqa: E402
 from analysis.tables import write_table  # noqa: E402
 
 RESULTS_FILE = "sim_results.json"
@@ -96,8 +97,7 @@ def plot_gate(res: dict, path: Path) -> Path:
     ax.set_title(f"{TAG}: the paper's step times at 16 GPUs, predicted from sourced assumptions", fontsize=10)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
     return path
 
 
@@ -123,8 +123,7 @@ def plot_scaling(res: dict, path: Path) -> Path:
     axes[1].legend(fontsize=8)
     fig.suptitle(f"{TAG}: throughput and speed-up over colocate, 16 to 1024 H800", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
     return path
 
 
@@ -143,8 +142,7 @@ def plot_lines(rows: list[dict], key: str, x: str, y: str, title: str, xlabel: s
     ax.set_title(f"{TAG}: {title}", fontsize=10)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
     return path
 
 
