@@ -34,7 +34,7 @@ from relax.sim.shapes import ModelShape
 class SimOptions:
     band: str = "mid"  # low | mid | high: which end of each sourced band (efficiencies, overheads)
     recompute: bool = False  # full activation recompute in training (Megatron --recompute-granularity full)
-    # Simulator-side engine behaviour (no engine field does this yet; issue 15 plans the engine's versions):
+    # Engine behaviour the simulator can assume beyond the config (rollout.max_inflight turns stream_groups on):
     stream_groups: bool = False  # a group lands on the bus when its last response finishes, not at the call's end
     inflight_groups: int | None = None  # groups one replica keeps in its engine at once (None: rollout.chunk_groups)
 

@@ -140,6 +140,12 @@ class Simulation:
         self.loaded = [0] * cfg.rollout.replicas  # weight version each replica holds
         self.next_group = [0] * self.steps  # the GroupQueue: next group of each partition never handed out
         self.chunk = cost.opt.inflight_groups or cfg.rollout.chunk_groups  # groups per engine call
+        # rollout.max_inflight: request-level streaming, as RolloutRole._stream_groups does it (the claim's
+        # requests, at most max_inflight at once, each group landing as its last sample ends); rollout.partial:
+        # a version that arrives mid-call is loaded between decode steps (pause, load, go on).
+        self.max_inflight = cfg.rollout.max_inflight
+        self.stream = cost.opt.stream_groups or self.max_inflight is not None
+        self.partial = cfg.rollout.partial
         hw = cost.hw
         self.cores = simpy.Container(self.env, capacity=int(hw.device.per_node.value),
                                      init=int(hw.device.per_node.value)) if hw.kind == "cpu" else None
@@ -181,9 +187,14 @@ class Simulation:
     def generate_chunk(self, r: int, k: int, groups: list[int]):
         """One engine call on replica r, then the put of its rows."""
         t0 = self.env.now
-        dur, fin = self.cost.generate([(self.prompt, x) for g in groups for x in self.resp[k][g]])
-        if self.cost.opt.stream_groups and self.cores is None:
+        dur, fin = self.cost.generate([(self.prompt, x) for g in groups for x in self.resp[k][g]], self.max_inflight)
+        if self.stream:
+            n = min(self.cfg.resources.rollout.threads, self.cores.capacity) if self.cores is not None else 0
+            if n:  # a CPU profile: the call holds the rollout's cores throughout, as busy() does
+                yield self.cores.get(n)
             yield from self.stream_chunk(r, k, groups, t0, dur, fin)
+            if n:
+                yield self.cores.put(n)
             return
         rows, nbytes = self.rows_bytes(k, groups)
         yield from self.busy("rollout", dur + self.cost.bus_time(rows, nbytes))
@@ -199,17 +210,35 @@ class Simulation:
         G, ends = self.G, []
         for i, g in enumerate(groups):
             ends.append((max(fin[i * G:(i + 1) * G]), g))
+        first = self.loaded[r]  # the version the call started with: the one the staleness bound applies to
+        paused = 0.0  # partial rollout: seconds this call stood still loading versions that arrived during it
         for end, g in sorted(ends):
             rows, nbytes = self.rows_bytes(k, [g])
-            wait = t0 + end + self.cost.bus_time(rows, nbytes) - self.env.now
-            if wait > 0:
-                yield self.env.timeout(wait)
-            self.group_version[k][g] = self.loaded[r]
+            while (wait := t0 + paused + end + self.cost.bus_time(rows, nbytes) - self.env.now) > 0:
+                paused += yield from self.wait_or_load(r, k, wait)
+            self.group_version[k][g] = first
             self.order[k].append(g)
             self.fields["generated"].add(k, 1)
-        if t0 + dur > self.env.now:
-            yield self.env.timeout(t0 + dur - self.env.now)
+        while (wait := t0 + paused + dur - self.env.now) > 0:
+            paused += yield from self.wait_or_load(r, k, wait)
         self.span("rollout", "generate", k, t0, groups=len(groups), replica=r)
+
+    def wait_or_load(self, r: int, k: int, seconds: float):
+        """Generate on for `seconds`; under partial rollout a version arriving first is loaded between decode
+        steps, and the call stands still for its load. Returns the seconds it stood still."""
+        if not self.partial:
+            yield self.env.timeout(seconds)
+            return 0.0
+        yield self.env.timeout(seconds) | self.versions.changed
+        if self.versions.version <= self.loaded[r]:
+            return 0.0
+        t0 = self.env.now
+        yield self.env.timeout(self.cost.weight_load_time())  # the call's cores are already held
+        self.loaded[r] = self.versions.version
+        extra = self.step_extra.setdefault(k, {})
+        extra["weight_load_s"] = extra.get("weight_load_s", 0.0) + self.env.now - t0
+        self.span("rollout", "weight_sync", k, t0, replica=r, partial=True)
+        return self.env.now - t0
 
     def load_weights(self, r: int, step: int, min_version: int | None = None):
         """Replica r loads the newest version (waiting for `min_version` first when given)."""
