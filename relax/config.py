@@ -498,11 +498,10 @@ class ExperimentConfig(Strict):
     @model_validator(mode="after")
     def _check(self) -> "ExperimentConfig":
         supervised = self.mode == "async" and self.schedule == "relax"
-        # Several torch-engine replicas share a partition through the async GroupQueue; SGLang engines on a
-        # cluster are independent servers and run in every mode.
-        if self.rollout.replicas > 1 and self.rollout.engine != "sglang" and not supervised:
-            raise ValueError(f"rollout.replicas > 1 ({self.rollout.engine} engine) needs mode 'async' and schedule "
-                             "'relax'")
+        # Several torch-engine replicas share a partition through the async GroupQueue, or split it in relax's
+        # colocate loop; SGLang engines on a cluster are independent servers and run in every mode.
+        if self.rollout.replicas > 1 and self.rollout.engine != "sglang" and self.schedule != "relax":
+            raise ValueError(f"rollout.replicas > 1 ({self.rollout.engine} engine) needs schedule 'relax'")
         if self.rollout.engine_urls:
             if self.rollout.engine == "torch":
                 raise ValueError("rollout.engine_urls: external engines need rollout.engine 'torch_http' or 'sglang'")

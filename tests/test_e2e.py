@@ -105,7 +105,7 @@ def _colocate_parquet_run(data: Path, out: Path) -> subprocess.CompletedProcess:
     task = ["task.name=local_dataset", "task.reward=exact", "task.prompt_template='{question}'",
             f"task.params={{path: {data}, prompt: question, answer: label.value}}", "task.size=84"]
     cmd = [sys.executable, "-m", "relax.cli", "run", "experiments/colocate/cpu.yaml", "--steps", "3", "--out",
-           str(out), "--no-progress", *SMALL, *task]
+           str(out), "--no-progress", *SMALL, *task, "rollout.replicas=2"]  # the colocate loop drives both engines
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 
@@ -130,9 +130,15 @@ def test_colocate_sleeps_and_wakes_the_engine(colocate_run):
     _, _, trace = _read(run_dir)
     lane = {e["args"]["name"]: e["tid"] for e in trace["traceEvents"] if e["ph"] == "M"}
     spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
-    gen = [(e["ts"], e["ts"] + e["dur"]) for e in spans if e["tid"] == lane["rollout"] and e["name"] == "generate"]
+    gen_spans = [e for e in spans if e["tid"] == lane["rollout"] and e["name"] == "generate"]
+    gen = [(e["ts"], e["ts"] + e["dur"]) for e in gen_spans]
     train = [(e["ts"], e["ts"] + e["dur"]) for e in spans if e["tid"] == lane["actor"] and e["name"] == "train_micro_batch"]
     assert gen and train
+    # rollout.replicas=2: both engines generate every step, each its half of the partition's groups
+    for k in range(3):
+        groups = {r: sum(e["args"]["groups"] for e in gen_spans if e["args"]["step"] == k
+                         and e["args"].get("replica") == r) for r in (0, 1)}
+        assert groups[0] > 0 and groups[1] > 0 and sum(groups.values()) == 4, (k, groups)
     assert not any(a0 < b1 and b0 < a1 for a0, a1 in gen for b0, b1 in train)
 
 

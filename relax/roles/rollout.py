@@ -187,22 +187,23 @@ class RolloutRole(ModelRole):
                     put(self._rows(j, groups))
         ray.get(self.queue.finish.remote(claim["cid"], len(groups)))
 
-    def generate_partition(self, k: int) -> dict:
-        """Generate all groups of partition k, streaming them to the bus chunk by chunk."""
+    def generate_partition(self, k: int, groups: list[int] | None = None) -> dict:
+        """Generate `groups` of partition k (default: all of them), streaming them to the bus chunk by chunk.
+        The colocate loop gives each replica its share of the partition."""
         r = self.cfg.rollout
         # On-policy (s = 0) must see weights of version k; otherwise take whatever is newest.
         with self.rec.span("weight_sync", step=k):
             sync_s = self.sync_weights(min_version=k - self.cfg.max_staleness)
-        P = r.prompts_per_step
+        groups = list(range(r.prompts_per_step)) if groups is None else list(groups)
         if r.max_inflight:
-            with self.rec.span("generate", step=k, groups=P):
-                self._stream_groups(k, range(P), lambda rows: self.bus.put_rows(k, rows))
+            with self.rec.span("generate", step=k, groups=len(groups), replica=self.replica):
+                self._stream_groups(k, groups, lambda rows: self.bus.put_rows(k, rows))
             self.rec.flush()
             return {"weight_sync_s": sync_s, "version": self.version}
-        for lo in range(0, P, r.chunk_groups):
-            groups = range(lo, min(P, lo + r.chunk_groups))
-            with self.rec.span("generate", step=k, groups=len(groups)):
-                self.bus.put_rows(k, self._rows(k, groups))
+        for lo in range(0, len(groups), r.chunk_groups):
+            chunk = groups[lo:lo + r.chunk_groups]
+            with self.rec.span("generate", step=k, groups=len(chunk), replica=self.replica):
+                self.bus.put_rows(k, self._rows(k, chunk))
         self.rec.flush()
         return {"weight_sync_s": sync_s, "version": self.version}
 

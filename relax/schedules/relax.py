@@ -37,13 +37,18 @@ def run_async(ctx, supervisor, bar) -> None:
 def run_colocate(ctx, supervisor, bar) -> None:
     steps = colocate_steps(ctx.cfg)
     assert steps[0] == ("rollout", "generate_partition"), steps  # the source: it reads nothing
-    rollout = ctx.roles["rollout"]
+    # Every engine generates: each replica takes a contiguous share of the partition's groups.
+    replicas = list(supervisor.pool.handles().values())
+    P = ctx.cfg.rollout.prompts_per_step
+    n = len(replicas)
+    shares = [list(range(i * P // n, (i + 1) * P // n)) for i in range(n)]
     for k in range(ctx.cfg.steps):
-        wake_s = ray.get(rollout.wake.remote(k)) if k > 0 else 0.0
-        ray.get(rollout.generate_partition.remote(k))
-        sleep = ray.get(rollout.sleep.remote())
+        wake_s = max(ray.get([r.wake.remote(k) for r in replicas])) if k > 0 else 0.0
+        ray.get([r.generate_partition.remote(k, share) for r, share in zip(replicas, shares) if share])
+        slept = ray.get([r.sleep.remote() for r in replicas])
         # reward, reference, critic values, advantages, the critic's value step, the Actor's step: in turn
         for name, method in steps[1:]:
             ray.get(getattr(ctx.roles[name], method).remote(k))
-        ctx.step_extra[k] = {"sleep_wake_s": wake_s + sleep["sleep_s"], "freed_bytes": sleep["freed_bytes"]}
+        ctx.step_extra[k] = {"sleep_wake_s": wake_s + max(s["sleep_s"] for s in slept),
+                             "freed_bytes": sum(s["freed_bytes"] for s in slept)}
         ctx.poll(bar)
