@@ -20,7 +20,7 @@ from typing import Any, Callable, Protocol
 
 import ray
 
-from relax.fault.heartbeat import healthy
+from relax.fault.heartbeat import healthy, wait_exited
 
 
 @ray.remote(num_cpus=0, max_concurrency=1000)
@@ -235,6 +235,7 @@ class RayRolloutPool:
         rep = self._get(rid)
         rep.status = "REMOVING"
         ray.kill(rep.handle)
+        wait_exited([(rep.pid, rep.handle)])  # else it could still claim work after the release below
         ray.get(self.queue.release.remote(rep.index))  # a forced removal hands its open claim out again
         if self.dcs is not None and rep.pid is not None:
             for m in self.dcs.topology()["members"]:

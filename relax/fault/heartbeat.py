@@ -74,3 +74,39 @@ def beat_until(stop: threading.Event, every_s: float, beat: Callable[[], object]
             beat()
         except Exception:
             return
+
+
+def exited(pid: int) -> bool:
+    """Process `pid` of this machine is gone (or a zombie: dead, only not yet reaped)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+    except psutil.NoSuchProcess:
+        return True
+
+
+def wait_exited(killed: list, timeout: float = 60.0) -> None:
+    """Wait until every (pid, handle) in `killed` (each already sent ray.kill) has exited: on one node its pid is
+    gone; on more, the best Ray offers, its handle answering ActorDiedError. ray.kill only asks: until then the
+    process may still fetch rows or claim work, so nothing it held is handed out again before this returns."""
+    import ray
+
+    deadline, one_node = time.time() + timeout, len(ray.nodes()) == 1
+    for pid, handle in killed:
+        while not (exited(pid) if pid is not None and one_node else _handle_dead(handle)):
+            if time.time() > deadline:
+                raise RuntimeError(f"a stopped role process (pid {pid}) still runs {timeout:g} s after ray.kill")
+            time.sleep(0.02)
+
+
+def _handle_dead(handle) -> bool:
+    import ray
+
+    try:
+        ray.get(handle.pid.remote(), timeout=1)
+    except ray.exceptions.RayActorError:
+        return True
+    except ray.exceptions.GetTimeoutError:  # busy in a call: not known to be gone
+        pass
+    return False

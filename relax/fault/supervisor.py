@@ -35,12 +35,11 @@ import time
 from collections import Counter
 from pathlib import Path
 
-import psutil
 import ray
 
 from relax.api.pool import GroupQueue, RayRolloutPool
 from relax.config import runs_megatron
-from relax.fault.heartbeat import missed_heartbeats
+from relax.fault.heartbeat import exited, missed_heartbeats, wait_exited
 from relax.fault.inject import FaultInjector
 from relax.fault.redelivery import live_partitions, redeliver, waiting
 from relax.placement import Placement
@@ -596,35 +595,6 @@ def disk_cold_reload(path: Path) -> float | None:
     for k, v in state.items():
         scratch[k].copy_(v)
     return time.perf_counter() - t0
-
-
-def exited(pid: int) -> bool:
-    """Process `pid` of this machine is gone (or a zombie: dead, only not yet reaped)."""
-    try:
-        return psutil.Process(pid).status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
-    except psutil.NoSuchProcess:
-        return True
-
-
-def wait_exited(killed: list, timeout: float = 60.0) -> None:
-    """Wait until every (pid, handle) in `killed` (each already sent ray.kill) has exited: on one node its pid is
-    gone; on more, the best Ray offers, its handle answering ActorDiedError."""
-    deadline, one_node = time.time() + timeout, len(ray.nodes()) == 1
-    for pid, handle in killed:
-        while not (exited(pid) if pid is not None and one_node else _handle_dead(handle)):
-            if time.time() > deadline:
-                raise RuntimeError(f"a stopped role process (pid {pid}) still runs {timeout:g} s after ray.kill")
-            time.sleep(0.02)
-
-
-def _handle_dead(handle) -> bool:
-    try:
-        ray.get(handle.pid.remote(), timeout=1)
-    except ray.exceptions.RayActorError:
-        return True
-    except ray.exceptions.GetTimeoutError:  # busy in a call: not known to be gone
-        pass
-    return False
 
 
 def _kill(pid: int) -> None:

@@ -190,7 +190,7 @@ def test_a_global_restart_waits_for_every_stopped_process_to_exit(local_ray):
 
     import ray
 
-    from relax.fault.supervisor import exited, wait_exited
+    from relax.fault.heartbeat import exited, wait_exited
 
     @ray.remote(num_cpus=0)
     class Busy:
