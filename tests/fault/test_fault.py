@@ -183,6 +183,32 @@ def test_killing_every_role_mid_run_loses_and_repeats_no_sample(tmp_path):
     assert rec["global_restarts"] == 1
 
 
+@pytest.mark.slow
+def test_a_stalled_run_fails_with_a_report_of_where_every_role_waits(tmp_path):
+    """Reward stopped (SIGSTOP) and never killed (heartbeat timeout out of reach): no step can finish, and the run
+    fails after health.stall_timeout_s naming stall.txt, which shows the bus state and every role's stack."""
+    from relax.controller import run_experiment
+
+    cfg = load_config(ROOT / "experiments/async/cpu.yaml", [
+        *TINY, "steps=4", "health.heartbeat_timeout_s=1000", "health.stall_timeout_s=10",
+        "faults=[{role: reward, at_step: 1, kind: delay, duration_s: 600}]"])
+    with pytest.raises(RuntimeError, match="the run stalled: no step finished for") as err:
+        run_experiment(cfg, out=tmp_path, progress=False)
+    report = Path(str(err.value).rsplit(": ", 1)[1])
+    assert report.name == "stall.txt" and report.parent.parent.parent.parent == tmp_path
+    text = report.read_text()
+    for section in ("== progress", "== staleness gate", "== group queue", "== bus", "== py-spy reward (pid",
+                    "== py-spy actor (pid", "== py-spy rollout-0 (pid"):
+        assert section in text, section
+    # the partition Reward stopped in: every row's response exists, Reward has written fewer rewards than that
+    rows = [line.split() for line in text.splitlines() if line.strip().startswith("reward ")]
+    ready = [int(r[2].split("=")[1]) for r in rows]
+    written = [int(r[4].split("=")[1]) for r in rows]
+    assert any(w < n for w, n in zip(written, ready)), rows
+    assert "MainThread" in text  # a py-spy stack (of a running role) made it into the report
+    assert json.loads((report.parent / "status.json").read_text())["state"] == "failed"
+
+
 def test_a_global_restart_waits_for_every_stopped_process_to_exit(local_ray):
     """ray.kill only asks; a stopped role still running could fetch rows after their redelivery (the hang once
     seen in kill-every-role). wait_exited returns once the process is gone, and fails on one that stays."""
