@@ -4,10 +4,11 @@ Import from here (`from relax.bus import Bus`). The names resolve lazily: the st
 (`gate.Coordinator`) imports only Ray, not torch, tensordict and TransferQueue (seconds of CPU per process).
 """
 
-from relax.lazy import lazy_getattr
 import os
 
 import psutil
+
+from relax.lazy import lazy_getattr
 
 # TQ clamps its torch thread count to the physical cores and logs a warning on every put and get when
 # TQ_NUM_THREADS (default 8) exceeds them. TQ reads it at import, so set it first; set before ray.init,
