@@ -59,6 +59,11 @@ class DCS:
         self.role = None
         self.staging: Staging | None = None  # the current version (served; loaded from)
         self.pinned: Staging | None = None  # a version kept for good (the driver pins version 0)
+        # The durable member (the driver) receives each version into a second buffer and keeps serving the one it
+        # holds until the new one is whole: its copy is what a global restart resumes from, so it never holds
+        # nothing newer than the pin (a holder killed mid-transfer would otherwise cost every committed version).
+        self.durable = False
+        self._spare: Staging | None = None
         self.obj_state: tuple[int, dict] | None = None  # object_store: the last version fetched
         self._threads: list[threading.Thread] = []
         self._stop = threading.Event()
@@ -106,7 +111,7 @@ class DCS:
         if self.id is not None:
             return self.id
         info = ray.get(self.coord.register.remote(role, replica, os.getpid(), serve, trainer, durable))
-        self.id, self.role = info["id"], role
+        self.id, self.role, self.durable = info["id"], role, durable
         if info["store"] is not None:
             self._pairs = PairGroups(info["store"], self.timeout_s, self.device)
         self._stop.clear()
@@ -238,11 +243,10 @@ class DCS:
                 try:
                     if not ray.get(self.coord.await_accept.remote(sess["sid"], min(10.0, self.timeout_s))):
                         raise RuntimeError(f"holder {sess['src']} did not take the session")
-                    st = self.staging
-                    if st is None or not st.matches(sess["layout"]):
-                        st = Staging(sess["layout"], self.device)
+                    held = self.staging
+                    st = self._receive_buffer(sess["layout"])
                     with st.lock:
-                        if st.version >= 0:  # stop serving what is about to be overwritten
+                        if st is held and st.version >= 0:  # stop serving what is about to be overwritten
                             # Not awaited: a receiver paired with the old version meanwhile is refused by the
                             # serve loop (version -1 below) and retries elsewhere; the round trip stays off
                             # the transfer.
@@ -264,10 +268,23 @@ class DCS:
                     self.last_transfer = {"version": sess["version"], "src": sess["src"], "seconds": seconds,
                                           "bytes": sess["bytes"], "groups_made": self.groups_made}
                     ray.get(self.coord.announce.remote(self.id, sess["version"]))
+                    if held is not None and held is not st:  # durable: the old version goes only now
+                        ray.get(self.coord.release.remote(self.id, held.version))
+                        self._spare = held
                     with self._newer:
                         self._newer.notify_all()
                     return sess["version"]
         raise RuntimeError(f"dcs: could not fetch a version newer than {have} (failed holders: {exclude})")
+
+    def _receive_buffer(self, layout) -> Staging:
+        """Where the next version is received: the staging itself, or (durable member) the spare buffer, leaving
+        the held version whole and served until the new one has arrived."""
+        st = self.staging
+        if self.durable and st is not None and st.version >= 0:
+            st = self._spare
+        if st is None or not st.matches(layout):
+            st = Staging(layout, self.device)
+        return st
 
     # -- background threads
     def _serve_loop(self) -> None:

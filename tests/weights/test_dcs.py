@@ -200,6 +200,42 @@ def test_only_the_durable_driver_commits_and_a_global_restart_rolls_back_what_di
         d.close()
 
 
+def test_the_durable_driver_keeps_its_version_while_a_newer_one_fails_to_arrive(ray_session):
+    """The driver's copy is what a global restart resumes from: it receives version 2 into a second buffer and
+    serves version 1 until 2 is whole. A holder dying mid-transfer leaves it holding 1 (a single buffer would
+    have released 1 first, leaving only the pin, and a restart would resume from 0 with partitions gone)."""
+    d = DCS.start("gloo", bucket_mb=1, timeout_s=5)
+    try:
+        d.join("driver", serve=True, follow=False, durable=True)
+        d.publish(0, weights(0), pin=True)
+        trainer = Member.remote(d, "actor", trainer=True)
+        ray.get(trainer.sync.remote(min_version=0))
+        ray.get(trainer.publish.remote(1, 1, sample_ids=[1]))
+        assert d.latest_state(min_version=1)[0] == 1 and d.wait_committed(1, timeout=30)
+        ray.get(trainer.publish.remote(2, 2, sample_ids=[2]))
+        real, seen = d._pairs.receive, {}
+
+        def dies_mid_transfer(sess, buffers):
+            real(sess, buffers)
+            topo = d.topology()
+            seen["holds"] = next(m["holds"] for m in topo["members"] if m["role"] == "driver")
+            raise RuntimeError("the holder died mid-transfer")
+
+        d._pairs.receive = dies_mid_transfer
+        with pytest.raises((RuntimeError, TimeoutError)):
+            d._pull(2, None, timeout=1.0)  # the only holder is excluded after its failure: nobody else has 2
+        d._pairs.receive = real
+        assert 1 in seen["holds"], seen  # served all along
+        ids = {m["role"]: m["id"] for m in d.topology()["members"]}
+        ray.kill(trainer)
+        d.mark_dead(ids["actor"])
+        assert d.topology()["reachable"] == 1 and d.ledger() == [1]
+        version, state = d.latest_state(min_version=1)
+        assert version == 1 and all(torch.equal(state[k], v) for k, v in weights(1).items())
+    finally:
+        d.close()
+
+
 def test_object_store_transport_has_the_same_interface(ray_session):
     d = DCS.start("object_store")
     try:
