@@ -302,7 +302,8 @@ class HealthConfig(Strict):
     heartbeat_timeout_s: float = Field(30.0, gt=0)  # a role silent this long is killed and restarted
     max_role_restarts: int = Field(3, ge=0)  # Tier 1 restarts of one role before a Tier 2 global restart
     checkpoint_every: int = Field(2, ge=0)  # Actor optimizer-state checkpoint period in steps (0: never)
-    # No step finished for this long: the run fails with a report of where every role waits (run folder stall.txt)
+    # No step finished for this long (or 3x the slowest step, if longer): the run fails with a report of where every
+    # role waits (run folder stall.txt)
     stall_timeout_s: float = Field(600.0, gt=0)
     # Warm standby rollout replicas (started, weights followed, idle): a dead replica's work moves to one at
     # once instead of waiting for a new process; a new spare is started behind it.

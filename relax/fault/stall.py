@@ -1,6 +1,6 @@
 """A run that stops making progress ends with a report, never a silent hang.
 
-When no step has finished for `health.stall_timeout_s`, the supervisor writes `stall.txt` into the run folder
+When no step has finished for `health.stall_timeout_s` (or 3x the slowest step so far, if longer), the supervisor writes `stall.txt` into the run folder
 and fails the run with a RuntimeError naming it. The report holds what a person debugging the hang would ask
 for first:
   - the bus, per live partition and per consuming task: rows whose input exists, rows the task fetched, rows
@@ -23,6 +23,14 @@ from relax.fault.redelivery import live_partitions, produced
 from relax.roles.registry import role_class, task_of
 
 REPORT = "stall.txt"
+SLOW_STEPS = 3  # a silence this many times the slowest step so far is a stall, even past the timeout
+
+
+def stall_limit(timeout_s: float, records: dict[int, dict]) -> float:
+    """Seconds without a finished step after which the run counts as stalled: `health.stall_timeout_s`, or three
+    times the slowest step so far when that is longer (a cluster's 20k-token steps must not trip it)."""
+    slowest = max((r.get("step_time_s") or 0.0 for r in records.values()), default=0.0)
+    return max(timeout_s, SLOW_STEPS * slowest)
 
 
 def task_state(bus, step: int, task: str, reads: list[str], writes: list[str]) -> dict:

@@ -42,6 +42,7 @@ from relax.config import runs_megatron
 from relax.fault.heartbeat import exited, missed_heartbeats, wait_exited
 from relax.fault.inject import FaultInjector
 from relax.fault.redelivery import live_partitions, redeliver, waiting
+from relax.fault.stall import stall_limit
 from relax.placement import Placement
 from relax.roles.registry import ROLES, role_class, task_of
 from relax.run_folder import CHECKPOINTS, RunFolder
@@ -196,7 +197,7 @@ class Supervisor:
                 # A step, a recovery event or a restart under way is progress.
                 if (len(ctx.records), len(self.events)) != progress or self.restarting:
                     progress, last_step_t = (len(ctx.records), len(self.events)), last_poll
-                elif last_poll - last_step_t > cfg.health.stall_timeout_s:
+                elif last_poll - last_step_t > stall_limit(cfg.health.stall_timeout_s, ctx.records):
                     self._stalled(last_poll - last_step_t)
         self.injector.stop()
         # Every partition is trained: the other loops end on their own.
@@ -217,7 +218,7 @@ class Supervisor:
         pids |= {f"rollout-{i}": r.pid for i, r in self.pool.snapshot().items() if r.pid is not None}
         sections = {
             "progress": f"{len(ctx.records)} of {self.cfg.steps} steps; none for {seconds:.0f} s "
-                        f"(health.stall_timeout_s={self.cfg.health.stall_timeout_s:g}); recovery events: {self.events}",
+                        f"(limit {stall.stall_limit(self.cfg.health.stall_timeout_s, ctx.records):g} s); recovery events: {self.events}",
             "staleness gate": f"oldest unconsumed {ctx.bus.oldest_unconsumed()}, rows held {ctx.bus.held_rows()}",
             "group queue": str(ray.get(self.queue.stats.remote())) if self.queue is not None else "none",
             "actor step (telemetry)": str(ray.get(ctx.telemetry.fault_state.remote())),

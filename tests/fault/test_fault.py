@@ -183,6 +183,14 @@ def test_killing_every_role_mid_run_loses_and_repeats_no_sample(tmp_path):
     assert rec["global_restarts"] == 1
 
 
+def test_the_stall_limit_grows_with_the_slowest_step():
+    from relax.fault.stall import stall_limit
+
+    assert stall_limit(600, {}) == 600  # no step yet: the configured timeout
+    assert stall_limit(600, {0: {"step_time_s": 100}, 1: {"step_time_s": 300}}) == 900  # 3x the slowest step
+    assert stall_limit(600, {0: {"step_time_s": None}}) == 600
+
+
 @pytest.mark.slow
 def test_a_stalled_run_fails_with_a_report_of_where_every_role_waits(tmp_path):
     """Reward stopped (SIGSTOP) and never killed (heartbeat timeout out of reach): no step can finish, and the run
