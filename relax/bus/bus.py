@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 
 import ray
@@ -295,8 +296,30 @@ class Bus:
 
     def clear(self, step: int) -> None:
         """Drop partition `step` (once trained) and free its capacity."""
-        self._tq().clear_partition(partition_id(step))
+        client, pid = self._tq(), partition_id(step)
+        try:
+            client.clear_partition(pid)
+        except RuntimeError as err:
+            if "out of bounds" not in str(err):
+                raise
+            # A producer killed between TQ's index allocation and its write left rows TQ never sized its status
+            # for, and TQ's clear indexes them too. A marker field written on every unwritten row sizes them.
+            self._mark_unwritten(client, pid)
+            client.clear_partition(pid)
         _get(self._coord.release.remote(step))
+
+    def _mark_unwritten(self, client, pid: str) -> None:
+        index, _ = client.get_consumption_status(task_name=f"clear-{uuid.uuid4().hex}", partition_id=pid)
+        written = client.get_meta(data_fields=["sample_id"], batch_size=1, partition_id=pid,
+                                  task_name=f"clear-{uuid.uuid4().hex}",
+                                  sampling_config={"max_rows": 10**9, "group_size": self.group_size,
+                                                   "whole_groups": False})
+        unwritten = sorted(set(torch.as_tensor(index).tolist()) - set(written.global_indexes))
+        if unwritten:
+            log.warning("bus: partition %s has %d rows a dead producer never wrote; marking them to clear it",
+                        pid, len(unwritten))
+            client.put(data=to_tensordict({"relax_unwritten": torch.zeros(len(unwritten))}),
+                       metadata=BatchMeta(unwritten, [pid] * len(unwritten)))
 
     # ---- staleness gate --------------------------------------------------------------------------------
     def wait_can_start(self, step: int, timeout: float | None = None) -> None:

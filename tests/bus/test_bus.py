@@ -274,6 +274,21 @@ def test_capacity_blocks_puts_until_a_partition_is_cleared(fresh: Bus):
     assert fresh.held_rows() == {1: 64, 2: 64, 3: 64, 9: G}
 
 
+def test_a_partition_a_producer_died_in_still_clears(fresh: Bus):
+    """Killed between TQ's index allocation and its write, a producer leaves rows TQ never sized its status for;
+    TQ's own clear then fails (IndexError in its controller). The bus marks them and clears the partition."""
+    from relax.bus.bus import partition_id
+    from relax.fault.redelivery import live_partitions
+
+    rows = make_rows(list(range(8)))
+    fresh.put_rows(0, rows)
+    fresh._tq().get_meta(data_fields=list(rows), batch_size=8, partition_id=partition_id(0), mode="insert")
+    fresh.clear(0)
+    assert 0 not in live_partitions(fresh) and 0 not in fresh.held_rows()
+    fresh.put_rows(1, make_rows(list(range(100, 108))))  # the bus goes on
+    assert fresh.held_rows() == {1: 8 * G}
+
+
 # ---- 3. whole groups under random readiness -----------------------------------------------------------------
 
 
