@@ -229,20 +229,35 @@ class DCS:
 
     def _pull(self, min_version: int | None, exact: int | None, timeout: float | None = None) -> int | None:
         """Receive a newer version (or `exact`) into the staging from a live holder, retrying another holder
-        if one fails mid-transfer. Returns the version received, or None if nothing was needed."""
-        exclude: list[str] = []
+        if one fails mid-transfer. Returns the version received, or None if nothing was needed.
+
+        A holder that fails mid-transfer is not asked again. One that does not take the session is only busy (its
+        serve thread may be sending to a receiver that just died, until that transfer times out): the others are
+        asked first, and when none has the version it is asked again, until the request's timeout."""
+        exclude: list[str] = []  # failed mid-transfer
+        busy: list[str] = []  # did not take a session
+        wait = timeout if timeout is not None else self.timeout_s * 5
+        deadline = time.time() + wait
         with self._pull_lock:
-            for _ in range(6):
+            failures = 0
+            while failures < 6:
                 have = self._staged()
-                sess = ray.get(self.coord.request.remote(self.id, have, min_version, exact, exclude,
-                                                         timeout if timeout is not None else self.timeout_s * 5))
+                try:
+                    sess = ray.get(self.coord.request.remote(self.id, have, min_version, exact, exclude + busy,
+                                                             min(2.0, wait) if busy else wait))
+                except TimeoutError:
+                    if not busy or time.time() > deadline:
+                        raise
+                    busy.clear()  # nobody else has it: the busy holders again
+                    continue
                 if sess is None:
                     return None
-                ok = False
+                ok = accepted = False
                 t0 = time.perf_counter()
                 try:
                     if not ray.get(self.coord.await_accept.remote(sess["sid"], min(10.0, self.timeout_s))):
                         raise RuntimeError(f"holder {sess['src']} did not take the session")
+                    accepted = True
                     held = self.staging
                     st = self._receive_buffer(sess["layout"])
                     with st.lock:
@@ -260,7 +275,11 @@ class DCS:
                     log.warning("dcs: transfer of version %s from %s failed (%s); retrying",
                                 sess["version"], sess["src"], err)
                     self._pairs.drop(sess, 1)
-                    exclude.append(sess["src"])
+                    if accepted or time.time() > deadline:
+                        exclude.append(sess["src"])
+                        failures += 1
+                    else:
+                        busy.append(sess["src"])
                 finally:
                     seconds = time.perf_counter() - t0
                     ray.get(self.coord.finish.remote(sess["sid"], ok, seconds))

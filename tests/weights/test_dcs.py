@@ -236,6 +236,39 @@ def test_the_durable_driver_keeps_its_version_while_a_newer_one_fails_to_arrive(
         d.close()
 
 
+def test_a_busy_holder_is_asked_again_not_dropped(ray_session):
+    """The driver's serve thread is stuck sending to a receiver that died (until that transfer times out), so it
+    takes no new session for a while. A Reference that needs version 0, which only the driver holds, waits for it
+    and gets it, instead of striking the driver off and failing (the kill-every-role loop's 22nd run)."""
+    import threading
+    import time
+
+    d = DCS.start("gloo", bucket_mb=1, timeout_s=2)  # a holder has 2 s to take a session
+    try:
+        d.join("driver", serve=True, follow=False, durable=True)
+        d.publish(0, weights(0), pin=True)
+        real, stuck = d._pairs.send, threading.Event()
+
+        def send_to_a_dying_receiver_first(sess, buffers):
+            if not stuck.is_set():
+                stuck.set()
+                time.sleep(6)  # longer than a session's accept window: the holder looks gone
+                raise RuntimeError("the receiver died")
+            return real(sess, buffers)
+
+        d._pairs.send = send_to_a_dying_receiver_first
+        doomed = Member.remote(d, "rollout", serve=False)
+        doomed.sync.remote(exact=0)  # its transfer is the one that hangs
+        assert stuck.wait(30)
+        reference = Member.remote(d, "reference", serve=False)
+        version, src = ray.get(reference.sync.remote(exact=0), timeout=60)
+        assert version == 0 and src.startswith("driver") and ray.get(reference.equals.remote(0))
+        for a in (doomed, reference):
+            ray.kill(a)
+    finally:
+        d.close()
+
+
 def test_object_store_transport_has_the_same_interface(ray_session):
     d = DCS.start("object_store")
     try:
