@@ -167,19 +167,26 @@ def test_uncommitted_version_rolls_back_with_its_samples_when_the_trainer_dies(r
         d.close()
 
 
+def _durable_driver_and_two_versions(d: DCS):
+    """This process joins `d` as the durable driver (version 0 pinned); a trainer publishes version 1, which the
+    driver pulls (committed), then version 2, which nobody else holds yet. Returns the trainer."""
+    d.join("driver", serve=True, follow=False, durable=True)
+    d.publish(0, weights(0), pin=True)
+    trainer = Member.remote(d, "actor", trainer=True)
+    ray.get(trainer.sync.remote(min_version=0))
+    ray.get(trainer.publish.remote(1, 1, sample_ids=[1]))
+    assert d.latest_state(min_version=1)[0] == 1 and d.wait_committed(1, timeout=30)  # the driver holds it
+    ray.get(trainer.publish.remote(2, 2, sample_ids=[2]))
+    return trainer
+
+
 def test_only_the_durable_driver_commits_and_a_global_restart_rolls_back_what_died_with_the_roles(ray_session):
     """A version the rollout holds but the driver (durable) does not is not committed; when the trainer dies and
     then the rollout too (a global restart stopping every role), it is gone: latest falls back to the driver's
     version, its samples leave no ledger entry, and a new trainer may publish that version again."""
     d = DCS.start("gloo", bucket_mb=1, timeout_s=20)
     try:
-        d.join("driver", serve=True, follow=False, durable=True)
-        d.publish(0, weights(0), pin=True)
-        trainer = Member.remote(d, "actor", trainer=True)
-        ray.get(trainer.sync.remote(min_version=0))
-        ray.get(trainer.publish.remote(1, 1, sample_ids=[1]))
-        assert d.latest_state(min_version=1)[0] == 1 and d.wait_committed(1, timeout=30)  # the driver holds it
-        ray.get(trainer.publish.remote(2, 2, sample_ids=[2]))
+        trainer = _durable_driver_and_two_versions(d)
         rollout = Member.remote(d, "rollout")
         assert ray.get(rollout.sync.remote(min_version=2))[0] == 2
         assert not d.wait_committed(2, timeout=0.5)  # a role's copy does not commit
@@ -206,13 +213,7 @@ def test_the_durable_driver_keeps_its_version_while_a_newer_one_fails_to_arrive(
     have released 1 first, leaving only the pin, and a restart would resume from 0 with partitions gone)."""
     d = DCS.start("gloo", bucket_mb=1, timeout_s=5)
     try:
-        d.join("driver", serve=True, follow=False, durable=True)
-        d.publish(0, weights(0), pin=True)
-        trainer = Member.remote(d, "actor", trainer=True)
-        ray.get(trainer.sync.remote(min_version=0))
-        ray.get(trainer.publish.remote(1, 1, sample_ids=[1]))
-        assert d.latest_state(min_version=1)[0] == 1 and d.wait_committed(1, timeout=30)
-        ray.get(trainer.publish.remote(2, 2, sample_ids=[2]))
+        trainer = _durable_driver_and_two_versions(d)
         real, seen = d._pairs.receive, {}
 
         def dies_mid_transfer(sess, buffers):
