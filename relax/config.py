@@ -59,6 +59,9 @@ class WarmupConfig(Strict):
     lr: float = Field(3e-3, gt=0)
     # Fraction of warm-up targets replaced by a wrong answer, so RL starts imperfect and has room to learn.
     label_noise: float = Field(0.0, ge=0, le=1)
+    # The offsets a noisy answer is moved by (None: one of -2, -1, +1, +2, which leaves the right answer the mode).
+    # One offset, e.g. [1], is a demonstrator wrong in one consistent way: past 50% noise its answer is the mode.
+    label_noise_offsets: list[int] | None = Field(None, min_length=1)
     # One thread by default: multi-threaded torch collapses when other processes share the cores.
     threads: int = Field(1, ge=1)
 

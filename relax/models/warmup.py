@@ -31,8 +31,10 @@ def cache_root() -> Path:
 def warmup_key(cfg: ExperimentConfig) -> str:
     # RL-only knobs; eval_size decides the train rows when they exclude the eval questions
     task = cfg.task.model_dump(mode="json", exclude={"rl_pool"} | (set() if cfg.task.exclude_eval_questions else {"eval_size"}))
+    # A knob left at None is left out, so that adding an optional one keeps every cached warm-up valid.
+    warmup = cfg.warmup.model_dump(mode="json", exclude_none=True)
     blob = json.dumps({"model": cfg.model.model_dump(mode="json"), "task": task,
-                       "warmup": cfg.warmup.model_dump(mode="json"), "seed": cfg.seed}, sort_keys=True)
+                       "warmup": warmup, "seed": cfg.seed}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -52,10 +54,10 @@ def warmup_state(cfg: ExperimentConfig, progress: bool = True) -> dict[str, torc
     return state
 
 
-def _noisy(target: str, rng: random.Random) -> str:
-    """A plausible wrong answer (keeps the format, changes the number)."""
+def _noisy(target: str, rng: random.Random, offsets: list[int] | None = None) -> str:
+    """A plausible wrong answer (keeps the format, moves the number by one of `offsets`)."""
     try:
-        return f" {int(target) + rng.choice([-2, -1, 1, 2])}"
+        return f" {int(target) + rng.choice(offsets or [-2, -1, 1, 2])}"
     except ValueError:
         return target
 
@@ -86,7 +88,7 @@ def text_batches(tok, cfg: ExperimentConfig):
             prompts, targets = [], []
             for prompt, target in pairs[step * w.batch_size : (step + 1) * w.batch_size]:
                 if w.label_noise and rng.random() < w.label_noise:
-                    target = _noisy(target.strip(), rng)
+                    target = _noisy(target.strip(), rng, w.label_noise_offsets)
                 prompts.append(torch.tensor(tok.encode(prompt)))
                 targets.append(torch.tensor(tok.encode(target, add_bos=False) + [tok.eos_token_id]))
             yield pack(prompts, targets, tok.pad_token_id), None
