@@ -125,4 +125,75 @@ def draw_headroom(results_root: Path, figures_dir: Path, tables_dir: Path) -> li
     figures_dir.mkdir(parents=True, exist_ok=True)
     out = figures_dir / "headroom.png"
     save(fig, out)
+    return [*written, out, *draw_convergence(by_variant, path.parent, figures_dir, tables_dir)]
+
+
+CONVERGENCE_COLUMNS = ["variant", "seeds", "accuracy_end", "accuracy_end_ci95", "overlaps_first", "gain",
+                       "gain_ci95", "train_time_s", "tokens_per_s"]
+CONVERGENCE_NOTE = ("Measured, CPU scale (see headroom.md for the set-up and each run's load). The paper's claim: every "
+                    "mode converges to the same accuracy, the asynchronous ones in less wall time. accuracy_end: "
+                    "held-out greedy accuracy after RL, mean over seeds with its 95% Student-t interval; "
+                    "overlaps_first: whether that interval overlaps the first variant's (colocate). Seeds ran at the "
+                    "same time, so a run's wall time depends on what ran beside it.")
+
+
+def convergence_rows(by_variant: dict[str, list[dict]]) -> list[dict]:
+    """Per variant with an eval curve: end accuracy and gain with 95% intervals, and whether the end accuracy's
+    interval overlaps the first variant's."""
+    rows, first = [], None
+    for name, runs in by_variant.items():
+        if not any(r.get("eval_curve") for r in runs):
+            continue
+        m, h = interval([r["eval_accuracy_end"] for r in runs])
+        g, gh = interval([r["eval_accuracy_end"] - r["eval_accuracy_start"] for r in runs])
+        lo, hi = m - (h or 0), m + (h or 0)
+        first = first or (lo, hi)
+        rows.append({"variant": name, "seeds": len(runs), "accuracy_end": round(m, 4),
+                     "accuracy_end_ci95": None if h is None else f"+-{h:.4f}",
+                     "overlaps_first": "yes" if lo <= first[1] and first[0] <= hi else "no",
+                     "gain": round(g, 4), "gain_ci95": None if gh is None else f"+-{gh:.4f}",
+                     "train_time_s": round(sum(r["train_time_s"] for r in runs) / len(runs)),
+                     "tokens_per_s": round(sum(r["tokens_per_s"] for r in runs) / len(runs), 1)})
+    return rows
+
+
+def draw_convergence(by_variant: dict[str, list[dict]], root: Path, figures_dir: Path, tables_dir: Path) -> list[Path]:
+    """headroom-convergence.{md,csv,png} for the variants whose runs kept an eval curve (task.eval_every): reward
+    and held-out greedy accuracy, each against step and against wall time, every seed drawn."""
+    rows = convergence_rows(by_variant)
+    if not rows:
+        return []
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from relax.run_folder import RunFolder
+
+    written = write_table(rows, tables_dir, "headroom-convergence", "Head-room benchmark: does every mode reach the "
+                          "same held-out accuracy? (CPU scale, seeds)", CONVERGENCE_NOTE, CONVERGENCE_COLUMNS)
+    fig, axes = plt.subplots(2, 2, figsize=(13, 8.5), sharey="row")
+    colors = plt.get_cmap("tab10")
+    for i, row in enumerate(rows):
+        for j, r in enumerate(sorted(by_variant[row["variant"]], key=lambda r: r["seed"])):
+            label = row["variant"] if j == 0 else None
+            try:
+                m = pd.DataFrame(RunFolder(root / r["run"]).metrics())
+                smooth = m["reward_mean"].rolling(SMOOTH, min_periods=1).mean()
+                axes[0, 0].plot(m["step"] + 1, smooth, color=colors(i % 10), lw=1, label=label)
+                axes[0, 1].plot(m["wall_time_s"], smooth, color=colors(i % 10), lw=1, label=label)
+            except FileNotFoundError:
+                pass
+            c = r.get("eval_curve") or []
+            axes[1, 0].plot([p["version"] for p in c], [p["accuracy"] for p in c], "o-", ms=3, color=colors(i % 10),
+                            lw=1, label=label)
+            axes[1, 1].plot([p["wall_time_s"] for p in c], [p["accuracy"] for p in c], "o-", ms=3,
+                            color=colors(i % 10), lw=1, label=label)
+    axes[0, 0].set(title=f"Training reward ({SMOOTH}-step mean), each seed", ylabel="reward")
+    axes[1, 0].set(title="Held-out greedy accuracy, each seed", xlabel="training steps", ylabel="accuracy")
+    axes[0, 1].set(title="... against wall time")
+    axes[1, 1].set(title="... against wall time", xlabel="wall time since the run's first step (s)")
+    axes[1, 0].legend(fontsize=8)
+    fig.suptitle("MEASURED at CPU scale: GRPO under each mode on the head-room benchmark", fontsize=11)
+    fig.tight_layout()
+    out = figures_dir / "headroom-convergence.png"
+    save(fig, out)
     return [*written, out]

@@ -74,6 +74,10 @@ class TaskConfig(Strict):
     params: dict[str, Any] = Field(default_factory=dict)
     size: int = Field(2000, ge=1)
     eval_size: int = Field(64, ge=0)
+    # Held-out greedy accuracy every N weight versions as well as at the start and end (0: those two only): the
+    # driver keeps each such version in the run folder's snapshots/ and evaluates them after the run, so the
+    # evals cost the run no time; summary.json's eval_curve holds them with their step and wall time.
+    eval_every: int = Field(0, ge=0)
     # Distinct training prompts the rollout cycles through (None: all `size`). A small pool turns RL into
     # a fast, bounded check that reward rises; the warm-up always sees the whole task.
     rl_pool: int | None = Field(None, ge=1)

@@ -33,10 +33,10 @@ from relax.metrics.telemetry import Telemetry, busy_seconds, chrome_trace
 from relax.models.warmup import warmup_state
 from relax.schedules import get_schedule, is_emulated, role_names
 from relax.schedules.context import RunContext
-from relax.evaluate import greedy_accuracy, sampled_reward
+from relax.evaluate import eval_curve, greedy_accuracy, sampled_reward
 from relax.fault.supervisor import Supervisor
 from relax.cluster import RaySession
-from relax.run_folder import RunFolder
+from relax.run_folder import SNAPSHOTS, RunFolder
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +126,7 @@ class Controller:
         self.rows: dict[int, dict] = {}  # step -> its row as the sinks got it (status.json's curve)
         self.all_spans: list[dict] = []  # every span fetched so far (status.json's live busy shares)
         self.status_at = 0.0  # when status.json was last written
+        self.next_snapshot = cfg.task.eval_every  # the next version to keep for the eval curve (0: none)
         from relax.emulate import emulator
 
         self.emu = emulator(cfg)  # emulated GPUs (relax/emulate/): rows and summary also in hardware seconds
@@ -158,8 +159,23 @@ class Controller:
                 bar.update(self.task_id, advance=1, reward=steps[k]["reward_mean"])
                 self.report_step(k)
         self.report_events()
+        self.snapshot_weights()
         if time.time() - self.status_at >= 1.0:
             self.write_status("running")
+
+    def snapshot_weights(self) -> None:
+        """Keep the next task.eval_every-th version's weights in snapshots/ once its step is done and the DCS has
+        committed it (a newer one if the holders moved on); the eval curve evaluates them after the run."""
+        due, cfg = self.next_snapshot, self.cfg
+        if not due or not cfg.task.eval_size or due >= cfg.steps or due - 1 not in self.records:
+            return
+        if due not in self.supervisor.dcs.topology()["committed"]:
+            return
+        from relax.export import save_weights
+
+        version, state = self.supervisor.dcs.latest_state(min_version=due)
+        save_weights(self.folder / SNAPSHOTS / f"v{version}.safetensors", state, version)
+        self.next_snapshot = (version // cfg.task.eval_every + 1) * cfg.task.eval_every
 
     def row(self, k: int, prev_end: float, spans: list[dict]) -> dict:
         """Step k's metrics.jsonl row: its record, its time, and each role's busy seconds and share of it."""
@@ -365,6 +381,9 @@ class Controller:
         evals = {"eval_accuracy_start": greedy_accuracy(cfg, state),
                  "eval_accuracy_end": greedy_accuracy(cfg, final_state),
                  "eval_reward_start": sampled_reward(cfg, state), "eval_reward_end": sampled_reward(cfg, final_state)}
+        if cfg.task.eval_every:
+            evals["eval_curve"] = eval_curve(cfg, self.folder / SNAPSHOTS, rows, evals["eval_accuracy_start"],
+                                             evals["eval_accuracy_end"])
         return self.write_summary(rows, self.t_start, spans, account, evals)
 
     def close_reporter(self) -> None:

@@ -6,6 +6,8 @@ optimises (the expected reward), free of the prompt-to-prompt noise of per-step 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from relax.config import ExperimentConfig
@@ -41,6 +43,21 @@ def greedy_accuracy(cfg: ExperimentConfig, state: dict[str, torch.Tensor]) -> fl
 
 def sampled_reward(cfg: ExperimentConfig, state: dict[str, torch.Tensor], samples: int = 4) -> float:
     return accuracy(cfg, state, temperature=cfg.rollout.temperature, samples=samples)
+
+
+def eval_curve(cfg: ExperimentConfig, snapshots: Path, rows: list[dict], start: float, end: float) -> list[dict]:
+    """Held-out greedy accuracy against training: the warm-up start (`start`), each weight snapshot the run kept
+    in `snapshots` (v<N>.safetensors, task.eval_every) and the final weights (`end`). `version` N is the policy
+    after N training steps; `wall_time_s` is when the step that made it ended (metrics.jsonl's clock)."""
+    from safetensors.torch import load_file
+
+    wall = {r["step"] + 1: r["wall_time_s"] for r in rows}
+    points = [(0, start)]
+    for path in sorted(snapshots.glob("v*.safetensors"), key=lambda p: int(p.stem[1:])):
+        if int(path.stem[1:]) < len(rows):
+            points.append((int(path.stem[1:]), greedy_accuracy(cfg, load_file(str(path)))))
+    points.append((len(rows), end))
+    return [{"version": v, "wall_time_s": wall.get(v, 0.0), "accuracy": round(a, 4)} for v, a in points]
 
 
 def evaluate_run(run_dir, sampled: bool = False, eval_size: int | None = None) -> dict:

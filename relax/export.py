@@ -31,9 +31,14 @@ class ExportError(RuntimeError):
 
 def save_final_weights(run_dir: str | Path, state: dict[str, torch.Tensor], version: int | None = None) -> Path:
     """Write a run's final policy weights (atomic: a reader never sees a half-written file)."""
+    return save_weights(Path(run_dir) / FINAL_WEIGHTS, state, version)
+
+
+def save_weights(path: Path, state: dict[str, torch.Tensor], version: int | None = None) -> Path:
+    """Write policy weights in transformers state-dict names to `path` (atomic), creating its folder."""
     from safetensors.torch import save_file
 
-    path = Path(run_dir) / FINAL_WEIGHTS
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     meta = {"format": "relax-final-weights", "names": "transformers-state-dict"}
     if version is not None:

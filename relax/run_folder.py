@@ -40,6 +40,7 @@ STATUS = "status.json"
 HOST_LOAD = "host_load.json"
 FINAL_WEIGHTS = "final_weights.safetensors"
 CHECKPOINTS = "checkpoints"
+SNAPSHOTS = "snapshots"  # weights of every task.eval_every-th version, v<N>.safetensors, for the eval curve
 EVENTS = "events.jsonl"
 # The metrics sinks' folders (relax/metrics/): each sink writes only inside its own.
 SINK_DIRS = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlruns"}

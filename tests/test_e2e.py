@@ -80,7 +80,7 @@ def onpolicy_run(tmp_path_factory):
     16 prompts, so the improvement is visible within the step budget; the warm-up saw the whole task and starts at
     ~0.5 sampled reward on the pool."""
     cfg = load_config(ROOT / "experiments/async/cpu-onpolicy.yaml",
-                      ["steps=16", "task.rl_pool=16", "training.lr=0.0001", "task.eval_size=16"])
+                      ["steps=16", "task.rl_pool=16", "training.lr=0.0001", "task.eval_size=16", "task.eval_every=5"])
     run_dir, _ = run_experiment(cfg, out=tmp_path_factory.mktemp("onpolicy"), progress=False)
     return run_dir
 
@@ -88,6 +88,23 @@ def onpolicy_run(tmp_path_factory):
 def test_async_on_policy_never_stale(onpolicy_run):
     rows, _ = _check_run(onpolicy_run, 16, 0, ROLES, per_step=16 * 8)
     assert all(r["staleness_mean"] == 0 for r in rows)
+
+
+def test_the_eval_curve_evaluates_every_kept_version_after_the_run(onpolicy_run):
+    """task.eval_every=5: the driver kept one version in each window of 5 (the one due, or a newer one when the
+    holders had moved on) and the curve runs from the warm-up start to the final weights on the run's clock."""
+    summary = json.loads((onpolicy_run / "summary.json").read_text())
+    curve = summary["eval_curve"]
+    versions = [p["version"] for p in curve]
+    assert versions[0] == 0 and versions[-1] == 16 and len(versions) == 5, curve
+    assert all(5 * i <= v < 5 * (i + 1) for i, v in enumerate(versions[1:-1], start=1)), curve
+    kept = sorted(int(p.stem[1:]) for p in (onpolicy_run / "snapshots").glob("v*.safetensors"))
+    assert kept == versions[1:-1]
+    assert curve[0]["accuracy"] == round(summary["eval_accuracy_start"], 4)
+    assert curve[-1]["accuracy"] == round(summary["eval_accuracy_end"], 4)
+    walls = [p["wall_time_s"] for p in curve]
+    assert walls[0] == 0 and walls == sorted(walls) and abs(walls[-1] - summary["train_time_s"]) < 0.01, curve
+    assert all(0 <= p["accuracy"] <= 1 for p in curve)
 
 
 def _sums_parquet(path: Path, n: int, bad_row: int | None = None) -> Path:

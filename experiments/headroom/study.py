@@ -46,6 +46,7 @@ def _record(results: dict, root: Path, name: str, seed: int, run_dir: Path, summ
         "eval_size": folder.config()["task"]["eval_size"],
         **{k: summary[k] for k in ("eval_accuracy_start", "eval_accuracy_end", "eval_reward_start",
                                     "eval_reward_end", "train_time_s", "mean_step_time_s", "tokens_per_s")},
+        "eval_curve": summary.get("eval_curve", []),  # task.eval_every: held-out accuracy against step / wall time
         "load_before": load.get("loadavg_before"), "load_after": load.get("loadavg_after"), "wall_s": load.get("wall_s"),
     }
     print(f"    {name} seed {seed}: greedy held-out {summary['eval_accuracy_start']:.3f} -> "

@@ -30,7 +30,7 @@ def cache_root() -> Path:
 
 def warmup_key(cfg: ExperimentConfig) -> str:
     # RL-only knobs; eval_size decides the train rows when they exclude the eval questions
-    task = cfg.task.model_dump(mode="json", exclude={"rl_pool"} | (set() if cfg.task.exclude_eval_questions else {"eval_size"}))
+    task = cfg.task.model_dump(mode="json", exclude={"rl_pool", "eval_every"} | (set() if cfg.task.exclude_eval_questions else {"eval_size"}))
     # A knob left at None is left out, so that adding an optional one keeps every cached warm-up valid.
     warmup = cfg.warmup.model_dump(mode="json", exclude_none=True)
     blob = json.dumps({"model": cfg.model.model_dump(mode="json"), "task": task,

@@ -65,7 +65,9 @@ def test_sets_name_defined_variants_and_full_covers_every_builtin_algorithm():
     from experiments.headroom.study import SETS
     from relax.algorithms.registry import get_advantage, get_policy_loss, known_advantages, known_policy_losses
 
-    assert set(SETS["default"]) <= set(SETS["full"]) == set(RUNS)
+    assert set(SETS["default"]) <= set(SETS["full"]) and set(SETS["full"]) | set(SETS["convergence"]) == set(RUNS)
+    # the convergence set changes the mode only: GRPO throughout
+    assert all(o.split("=")[0] in ("mode", "max_staleness") for n in SETS["convergence"] for o in RUNS[n][1])
     chosen = {o.split("=", 1)[1] for _, ov in RUNS.values() for o in ov
               if o.startswith(("algorithm.advantage=", "algorithm.policy_loss="))}
     # built-ins only: other test modules register their own examples in the same registry (tests/algorithms)
@@ -104,3 +106,33 @@ def test_row_refuses_a_builtin_name_or_no_overrides(tmp_path):
         study.main(_parsed(["--row", "grpo", "algorithm.policy_loss=reinforce"]))
     with pytest.raises(SystemExit, match="needs the key=value"):
         study.main(_parsed(["--row", "mine"]))
+
+
+def test_convergence_table_says_whether_each_mode_reaches_the_first_modes_accuracy(tmp_path):
+    from analysis.headroom import convergence_rows, draw_headroom
+
+    def runs(name, ends, wall):
+        curve = lambda end: [{"version": 0, "wall_time_s": 0.0, "accuracy": 0.3},  # noqa: E731
+                             {"version": 4, "wall_time_s": wall, "accuracy": end}]
+        return {f"{name}/seed{s}": {"variant": name, "seed": s, "steps": 4, "eval_size": 8, "run": f"runs/{name}{s}",
+                                    "eval_accuracy_start": 0.3, "eval_accuracy_end": e, "train_time_s": wall,
+                                    "tokens_per_s": 10.0, "eval_curve": curve(e)} for s, e in enumerate(ends)}
+
+    results = {**runs("grpo", [0.50, 0.55, 0.60], 100.0), **runs("async_s1", [0.52, 0.56, 0.58], 60.0),
+               **runs("async_s4", [0.10, 0.11, 0.12], 50.0),
+               "old/seed0": {"variant": "old", "seed": 0, "run": "runs/old0", "eval_accuracy_start": 0.3,
+                             "eval_accuracy_end": 0.3}}
+    by_variant: dict = {}
+    for r in results.values():
+        by_variant.setdefault(r["variant"], []).append(r)
+    rows = convergence_rows(by_variant)
+    assert [r["variant"] for r in rows] == ["grpo", "async_s1", "async_s4"]  # no curve: not in the table
+    assert [r["overlaps_first"] for r in rows] == ["yes", "yes", "no"]
+    assert rows[1]["accuracy_end"] == pytest.approx(0.5533, abs=1e-4) and rows[1]["train_time_s"] == 60
+    # drawn from a study folder whose run folders are gone: the curves still come from headroom.json
+    (tmp_path / "headroom").mkdir()
+    (tmp_path / "headroom" / "headroom.json").write_text(json.dumps({"runs": {
+        k: {**v, "steps": 4, "eval_size": 8, "train_time_s": 1.0, "tokens_per_s": 1.0} for k, v in results.items()}}))
+    written = draw_headroom(tmp_path, tmp_path / "figures", tmp_path / "tables")
+    names = {Path(p).name for p in written}
+    assert {"headroom-convergence.md", "headroom-convergence.png", "headroom.png"} <= names
