@@ -36,7 +36,7 @@ from relax.schedules.context import RunContext
 from relax.evaluate import eval_curve, greedy_accuracy, sampled_reward
 from relax.fault.supervisor import Supervisor
 from relax.cluster import RaySession
-from relax.run_folder import SNAPSHOTS, RunFolder
+from relax.run_folder import RunFolder
 
 log = logging.getLogger(__name__)
 
@@ -174,7 +174,7 @@ class Controller:
         from relax.export import save_weights
 
         version, state = self.supervisor.dcs.latest_state(min_version=due)
-        save_weights(self.folder / SNAPSHOTS / f"v{version}.safetensors", state, version)
+        save_weights(self.folder.snapshot_path(version), state, version)
         self.next_snapshot = (version // cfg.task.eval_every + 1) * cfg.task.eval_every
 
     def row(self, k: int, prev_end: float, spans: list[dict]) -> dict:
@@ -382,7 +382,7 @@ class Controller:
                  "eval_accuracy_end": greedy_accuracy(cfg, final_state),
                  "eval_reward_start": sampled_reward(cfg, state), "eval_reward_end": sampled_reward(cfg, final_state)}
         if cfg.task.eval_every:
-            evals["eval_curve"] = eval_curve(cfg, self.folder / SNAPSHOTS, rows, evals["eval_accuracy_start"],
+            evals["eval_curve"] = eval_curve(cfg, self.folder.snapshots(), rows, evals["eval_accuracy_start"],
                                              evals["eval_accuracy_end"])
         return self.write_summary(rows, self.t_start, spans, account, evals)
 

@@ -45,17 +45,16 @@ def sampled_reward(cfg: ExperimentConfig, state: dict[str, torch.Tensor], sample
     return accuracy(cfg, state, temperature=cfg.rollout.temperature, samples=samples)
 
 
-def eval_curve(cfg: ExperimentConfig, snapshots: Path, rows: list[dict], start: float, end: float) -> list[dict]:
+def eval_curve(cfg: ExperimentConfig, snapshots: dict[int, Path], rows: list[dict], start: float,
+               end: float) -> list[dict]:
     """Held-out greedy accuracy against training: the warm-up start (`start`), each weight snapshot the run kept
-    in `snapshots` (v<N>.safetensors, task.eval_every) and the final weights (`end`). `version` N is the policy
+    (`snapshots`: version -> file, RunFolder.snapshots) and the final weights (`end`). `version` N is the policy
     after N training steps; `wall_time_s` is when the step that made it ended (metrics.jsonl's clock)."""
     from safetensors.torch import load_file
 
     wall = {r["step"] + 1: r["wall_time_s"] for r in rows}
     points = [(0, start)]
-    for path in sorted(snapshots.glob("v*.safetensors"), key=lambda p: int(p.stem[1:])):
-        if int(path.stem[1:]) < len(rows):
-            points.append((int(path.stem[1:]), greedy_accuracy(cfg, load_file(str(path)))))
+    points += [(v, greedy_accuracy(cfg, load_file(str(path)))) for v, path in snapshots.items() if v < len(rows)]
     points.append((len(rows), end))
     return [{"version": v, "wall_time_s": wall.get(v, 0.0), "accuracy": round(a, 4)} for v, a in points]
 
@@ -64,8 +63,6 @@ def evaluate_run(run_dir, sampled: bool = False, eval_size: int | None = None) -
     """Held-out eval of a finished run: the warm-up start (`warmup_state` of its config) and its final weights
     (`final_weights.safetensors`), greedy (and, with `sampled`, at the rollout temperature), with the keys the
     controller writes into summary.json. For a run whose in-run eval was skipped or cut short."""
-    from pathlib import Path
-
     from safetensors.torch import load_file
 
     from relax.config import load_config

@@ -139,6 +139,10 @@ class RunFolder:
         """The folder a metrics sink writes in (not created here: the sink makes it, and a failure is its own)."""
         return self.path / SINK_DIRS[sink]
 
+    def snapshot_path(self, version: int) -> Path:
+        """Where the weights of `version` are kept for the eval curve (task.eval_every; `snapshots` reads them)."""
+        return self.path / SNAPSHOTS / f"v{version}.safetensors"
+
     def write_summary(self, summary: dict) -> None:
         _write_atomic(self.path / SUMMARY, json.dumps(summary, indent=2))
 
@@ -155,6 +159,11 @@ class RunFolder:
         _write_atomic(self.path / HOST_LOAD, json.dumps(record))
 
     # --- readers ----------------------------------------------------------------------------------------
+    def snapshots(self) -> dict[int, Path]:
+        """The kept weight snapshots, version -> file, in version order ({} when none)."""
+        found = {int(p.stem[1:]): p for p in (self.path / SNAPSHOTS).glob("v*.safetensors")}
+        return dict(sorted(found.items()))
+
     def config(self) -> dict:
         """The resolved config as a dict ({} when absent)."""
         path = self.path / CONFIG

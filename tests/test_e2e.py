@@ -13,6 +13,7 @@ import pytest
 
 from relax.config import load_config
 from relax.controller import run_experiment
+from relax.run_folder import RunFolder
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -98,8 +99,8 @@ def test_the_eval_curve_evaluates_every_kept_version_after_the_run(onpolicy_run)
     versions = [p["version"] for p in curve]
     assert versions[0] == 0 and versions[-1] == 16 and len(versions) == 5, curve
     assert all(5 * i <= v < 5 * (i + 1) for i, v in enumerate(versions[1:-1], start=1)), curve
-    kept = sorted(int(p.stem[1:]) for p in (onpolicy_run / "snapshots").glob("v*.safetensors"))
-    assert kept == versions[1:-1]
+    kept = RunFolder(onpolicy_run).snapshots()
+    assert list(kept) == versions[1:-1] and all(p.parent.name == "snapshots" for p in kept.values())
     assert curve[0]["accuracy"] == round(summary["eval_accuracy_start"], 4)
     assert curve[-1]["accuracy"] == round(summary["eval_accuracy_end"], 4)
     walls = [p["wall_time_s"] for p in curve]
