@@ -1,17 +1,27 @@
-"""Issue 14, first gate: predict the step time of the 7 reference runs of `make reproduce-fig` (results/reference/)
-with a CPU profile measured on this machine by `relax profile`, and put predicted beside measured.
+"""Issue 14, first gate: predict the step time of the 7 runs of `make reproduce-fig` with a CPU profile measured on
+this machine by `relax profile`, and put predicted beside measured (SIMULATED beside measured).
 
-    python -m experiments.sim.gate_cpu [--profile FILE] [--out results/sim_gate]
+    python -m experiments.sim.gate_cpu --fresh [--out results/sim_gate]     # profile + the 7 runs, now
+    python -m experiments.sim.gate_cpu [--runs results/reference] [--profile FILE]
 
-The profile is measured with experiments/async/cpu.yaml's model and threads (`relax profile ... --ray`) unless
---profile names one. Each run's length model is fitted to that run's metrics.jsonl (response tokens per sample;
-cv assumed 0.5): lengths are an input of the simulator, not what it predicts. Writes gate_cpu.md / .json.
+--fresh measures the profile and runs the 7 experiments (`relax reproduce --only ...`) in this invocation, one after
+the other, so profile and runs see the same machine; without it the runs are read from --runs (default: the
+committed reference set) and the profile is measured now unless --profile names one. The profile is measured with
+experiments/async/cpu.yaml's model and threads (`relax profile ... --ray`). Each run's length model is fitted to
+that run's metrics.jsonl (response tokens per sample; cv assumed 0.5): lengths are an input of the simulator, not
+what it predicts.
+
+Step time is compared twice, as the mean and as the median over steps 1.. (step 0 carries start-up). The gate is
+judged on the median: a shared machine adds the odd multi-second step (another process's burst) that the model does
+not claim to predict, and one such step moves a 40-step mean by 10%. Both columns are written. Writes gate_cpu.md /
+.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +32,9 @@ from relax.sim import build
 
 ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = ROOT / "results" / "reference"
+# (experiment, profile) of each run, and its name in analysis/reproduce.py's EXPERIMENTS (for --fresh)
+FRESH = ["colocate", "async-on-policy", "async-off-policy", "verl-emulated", "openrlhf-emulated", "staleness-2",
+         "staleness-4"]
 RUNS = [("colocate", "cpu"), ("async", "cpu-onpolicy"), ("async", "cpu"), ("async", "cpu-verl"),
         ("async", "cpu-openrlhf"), ("async", "cpu-staleness2"), ("async", "cpu-staleness4")]
 RATIOS = [("async off-policy / colocate (speed-up)", ("colocate", "cpu"), ("async", "cpu")),
@@ -37,8 +50,12 @@ def measure_profile(out: Path) -> Path:
     return out
 
 
-def predict(profile: Path) -> list[dict]:
-    runs = latest_runs(REFERENCE)
+def _rel(path: Path) -> str:
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+def predict(profile: Path, root: Path = REFERENCE) -> list[dict]:
+    runs = latest_runs(root)
     rows = []
     for key in RUNS:
         d = runs[key]
@@ -46,17 +63,20 @@ def predict(profile: Path) -> list[dict]:
         cfg = validate(folder.config())
         sim = build(cfg, str(profile), lengths=str(d)).run()
         ends = [sim.step_end[k] for k in range(sim.steps)]
-        steps = [b - a for a, b in zip([0.0] + ends, ends)][1:]
-        pred = sum(steps) / len(steps)
-        meas = folder.summary()["mean_step_time_s"]
-        rows.append({"run": f"{key[0]}/{key[1]}", "folder": str(d.relative_to(ROOT)), "measured_s": meas,
-                     "predicted_s": round(pred, 4), "error": round(pred / meas - 1, 4),
-                     "host_load": (folder.host_load() or {}).get("loadavg_after", [None])[0]})
+        pred = [b - a for a, b in zip([0.0] + ends, ends)][1:]
+        meas = [m["step_time_s"] for m in folder.metrics()][1:]
+        load = folder.host_load() or {}
+        row = {"run": f"{key[0]}/{key[1]}", "folder": _rel(d), "steps": len(meas),
+               "host_load": [load.get("loadavg_before", [None])[0], load.get("loadavg_after", [None])[0]]}
+        for stat, fn in (("mean", statistics.fmean), ("median", statistics.median)):
+            m, p = fn(meas), fn(pred)
+            row[stat] = {"measured_s": round(m, 4), "predicted_s": round(p, 4), "error": round(p / m - 1, 4)}
+        rows.append(row)
     return rows
 
 
-def ratios(rows: list[dict]) -> list[dict]:
-    by = {r["run"]: r for r in rows}
+def ratios(rows: list[dict], stat: str) -> list[dict]:
+    by = {r["run"]: r[stat] for r in rows}
     out = []
     for name, slow, fast in RATIOS:
         s, f = by[f"{slow[0]}/{slow[1]}"], by[f"{fast[0]}/{fast[1]}"]
@@ -65,28 +85,45 @@ def ratios(rows: list[dict]) -> list[dict]:
     return out
 
 
-def markdown(rows, rat, profile) -> str:
-    lines = [f"# Issue 14 gate 1: SIMULATED vs measured (CPU profile measured by relax profile: {profile})", "",
-             "| run | measured step (s) | predicted step (s) | error |", "|---|---|---|---|"]
-    lines += [f"| {r['run']} | {r['measured_s']:.4f} | {r['predicted_s']:.4f} | {r['error']:+.1%} |" for r in rows]
-    lines += ["", "| ratio | measured | predicted | error |", "|---|---|---|---|"]
-    lines += [f"| {r['ratio']} | {r['measured']:.3f} | {r['predicted']:.3f} | {r['error']:+.1%} |" for r in rat]
+def markdown(rows, rat, profile, runs_root) -> str:
+    lines = [f"# Issue 14 gate 1: SIMULATED vs measured step time (aim: within 10%, judged on the median)", "",
+             f"Profile: {profile} (measured by relax profile). Runs: {runs_root}.", "",
+             "| run | measured median (s) | SIMULATED median (s) | error | measured mean (s) | SIMULATED mean (s) "
+             "| error | host load before -> after |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        md, mn = r["median"], r["mean"]
+        lines.append(f"| {r['run']} | {md['measured_s']:.4f} | {md['predicted_s']:.4f} | {md['error']:+.1%} | "
+                     f"{mn['measured_s']:.4f} | {mn['predicted_s']:.4f} | {mn['error']:+.1%} | "
+                     f"{r['host_load'][0]} -> {r['host_load'][1]} |")
+    for stat in ("median", "mean"):
+        lines += ["", f"| ratio of {stat} step times | measured | SIMULATED | error |", "|---|---|---|---|"]
+        lines += [f"| {r['ratio']} | {r['measured']:.3f} | {r['predicted']:.3f} | {r['error']:+.1%} |"
+                  for r in rat[stat]]
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", help="a measured profile (default: measure one now)")
+    ap.add_argument("--runs", type=Path, default=REFERENCE, help="results root holding the 7 runs (default: the "
+                    "committed reference set)")
+    ap.add_argument("--fresh", action="store_true", help="measure the profile and run the 7 experiments now, into "
+                    "OUT/runs (about 8 minutes on a quiet 2-core machine)")
     ap.add_argument("--out", default=str(ROOT / "results" / "sim_gate"))
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     profile = Path(args.profile) if args.profile else measure_profile(out / "cpu-measured.yaml")
-    rows = predict(profile)
-    rat = ratios(rows)
-    (out / "gate_cpu.json").write_text(json.dumps({"simulated": True, "profile": str(profile), "runs": rows,
-                                                   "ratios": rat}, indent=2))
-    text = markdown(rows, rat, profile)
+    runs_root = args.runs
+    if args.fresh:
+        runs_root = out / "runs"
+        subprocess.run([sys.executable, "-m", "relax.cli", "reproduce", "--only", *FRESH, "--out", str(runs_root),
+                        "--no-figures"], check=True, cwd=ROOT)
+    rows = predict(profile, runs_root)
+    rat = {stat: ratios(rows, stat) for stat in ("median", "mean")}
+    (out / "gate_cpu.json").write_text(json.dumps({"simulated": True, "profile": str(profile), "runs_root": str(runs_root),
+                                                   "runs": rows, "ratios": rat}, indent=2))
+    text = markdown(rows, rat, profile, _rel(runs_root))
     (out / "gate_cpu.md").write_text(text)
     print(text)
     return 0

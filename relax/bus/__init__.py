@@ -15,8 +15,12 @@ from relax.lazy import lazy_getattr
 # Ray's workers (TQ's storage units included) inherit it too.
 os.environ.setdefault("TQ_NUM_THREADS", str(min(8, psutil.cpu_count(logical=False) or 1)))
 
+# How long a consumer (a streaming role, the StreamingLoader, an emulated schedule's trainer) sleeps after an empty
+# fetch before it asks again. The simulator prices the idle fetches with it (relax/sim/sim.py, Simulation.idle).
+POLL_S = 0.005
+
 _HOME = {"Batch": "batch", "Bus": "bus", "StreamingLoader": "loader"}
-__all__ = list(_HOME)
+__all__ = [*_HOME, "POLL_S"]
 
 
 __getattr__ = lazy_getattr(__name__, _HOME)

@@ -6,6 +6,7 @@ import time
 from collections import deque
 from collections.abc import Iterator, Sequence
 
+from relax.bus import POLL_S
 from relax.bus.batch import Batch
 from relax.bus.bus import Bus
 
@@ -40,7 +41,7 @@ class StreamingLoader:
         group_size: int,
         micro_batch_tokens: int,
         length_field: str = "total_len",
-        poll_s: float = 0.005,
+        poll_s: float = POLL_S,
         timeout_s: float | None = None,
     ):
         if group_size != bus.group_size:

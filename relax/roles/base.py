@@ -19,13 +19,12 @@ from pathlib import Path
 
 import torch
 
-from relax.bus import Batch, Bus
+from relax.bus import POLL_S, Batch, Bus
 from relax.config import ExperimentConfig
 from relax.fault.boot import BootClock
 from relax.fault.redelivery import produced
 from relax.metrics.telemetry import SpanRecorder
 
-POLL_S = 0.005
 
 
 class Role:

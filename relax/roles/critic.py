@@ -21,7 +21,8 @@ import ray
 import torch
 from torch import nn
 
-from relax.roles.base import POLL_S, Role
+from relax.bus import POLL_S
+from relax.roles.base import Role
 from relax.trainers import pad_right
 from relax.trainers.batching import budget_slices, pack
 

@@ -8,11 +8,9 @@ import time
 import ray
 import torch
 
-from relax.bus import Batch, Bus
+from relax.bus import POLL_S, Batch, Bus
 from relax.bus.loader import groups_that_fit
 from relax.moe.fields import r3_fields
-
-POLL_S = 0.005
 
 
 def fetch_all(bus: Bus, step: int, task: str, fields: list[str], rows_total: int, group_size: int,

@@ -357,7 +357,13 @@ class CostModel:
 
     def bus_time(self, rows: int, nbytes: float) -> float:
         o = self.hw.overheads
-        return rows * o.bus_row_s.at(self.b) + nbytes / o.bus_bytes_per_s.at(self.b) + o.rpc_s.at(self.b)
+        call = (o.bus_call_s or o.rpc_s).at(self.b)
+        return rows * o.bus_row_s.at(self.b) + nbytes / o.bus_bytes_per_s.at(self.b) + call
+
+    def poll_time(self) -> float:
+        """One empty fetch of an idle consumer (0 where the profile has none)."""
+        o = self.hw.overheads.bus_poll_s
+        return o.at(self.b) if o is not None else 0.0
 
     def reward_time(self, rows: int) -> float:
         return rows * self.hw.overheads.reward_per_sample_s.at(self.b)

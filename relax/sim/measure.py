@@ -10,9 +10,11 @@ What it times, for the config's model, at the config's thread counts:
   sizes: the slope gives train_mfu, the intercept overheads.train_micro_batch_s; log-prob forwards likewise
   (forward_mfu, forward_call_s); an AdamW step (optimizer_bytes_per_param);
 - rewards: the task's own score function per sample;
-- with --ray: a Ray actor round trip (rpc_s) and a Ray object-store put + get per row and per byte (bus costs;
-  TransferQueue itself is not timed). Without it those lines say "not measured" and keep the machine-independent
-  default of the DESIGN notes.
+- with --ray: a Ray actor round trip (rpc_s); the bus itself (relax.bus over TransferQueue): put_rows + fetch of
+  rollout-like rows at two batch sizes, the slope per row (bus_row_s) and the intercept per call (bus_call_s), and
+  a fetch that finds nothing (bus_poll_s, what an idle consumer pays per poll); a Ray object-store put + get of
+  64 MiB (bus_bytes_per_s). Without it those lines say "not measured" and keep the
+  machine-independent default of the DESIGN notes.
 """
 
 from __future__ import annotations
@@ -171,16 +173,19 @@ def measure(cfg: ExperimentConfig, ray_costs: bool = False, reps: int = 5) -> di
         "prompt_tokens_mean": prompt_tokens,
     }
     if ray_costs:
-        prof["overheads"].update(_ray_costs())
+        prof["overheads"].update(_ray_costs(cfg, prompt_tokens, reps))
     return prof
 
 
-def _ray_costs() -> dict:
+def _ray_costs(cfg: ExperimentConfig, prompt_tokens: float, reps: int = 9) -> dict:
     import numpy as np
     import ray
 
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
-    try:
+    from relax.bus import Bus
+    from relax.cluster import RaySession
+    from relax.config import BusConfig
+
+    with RaySession(num_cpus=max(2, os.cpu_count() or 1)):
         @ray.remote(num_cpus=0)
         class Echo:
             def ping(self):
@@ -189,14 +194,45 @@ def _ray_costs() -> dict:
         e = Echo.remote()
         ray.get(e.ping.remote())
         rpc = _best(lambda: [ray.get(e.ping.remote()) for _ in range(50)], 3) / 50
-        small, big = np.zeros(256, np.uint8), np.zeros(64 * 2**20, np.uint8)
-        t_small = _best(lambda: ray.get(ray.put(small)), 20)
+        big = np.zeros(64 * 2**20, np.uint8)
         t_big = _best(lambda: ray.get(ray.put(big)), 3)
-        return {"rpc_s": _m(rpc, "Ray actor round trip, mean of 50"),
-                "bus_row_s": _m(t_small, "Ray object store put + get of one 256-byte row (TransferQueue not timed)"),
-                "bus_bytes_per_s": _m(big.nbytes / max(t_big - t_small, 1e-9), "Ray put + get of 64 MiB")}
-    finally:
-        ray.shutdown()
+        t_tiny = _best(lambda: ray.get(ray.put(np.zeros(256, np.uint8))), 20)
+        # The bus itself (TransferQueue, our sampler, the gate), as the roles use it: a put of rollout rows, then
+        # a fetch of them by one task. Two batch sizes: the slope is the per-row cost, the intercept the per-call
+        # cost that every service pays once per batch however few rows it carries.
+        bus = Bus.start(BusConfig(capacity_rows=4096), group_size=cfg.rollout.group_size, max_staleness=0)
+        try:
+            G, L, P = cfg.rollout.group_size, max(cfg.rollout.max_new_tokens // 2, 1), max(int(prompt_tokens), 1)
+            steps = iter(range(10**6))  # a fresh partition per repetition; clearing it is not timed
+
+            def rows(n):
+                ids = torch.arange(n)
+                return {"sample_id": ids, "group_id": ids // G, "prompt": [torch.zeros(P, dtype=torch.int32)] * n,
+                        "response": [torch.zeros(L, dtype=torch.int32)] * n, "log_probs": [torch.zeros(L)] * n}
+
+            def put_get(n):
+                k, data = next(steps), rows(n)
+                t0 = time.perf_counter()
+                bus.put_rows(k, data)
+                got = bus.fetch(k, "profile", ["response", "log_probs"], n)
+                t = time.perf_counter() - t0
+                if got is None or got.size != n:
+                    raise RuntimeError(f"relax profile: the bus returned {got and got.size} of {n} rows")
+                bus.clear(k)
+                return t
+            small, large = G, max(16 * G, 128)
+            sizes = {n: min(put_get(n) for _ in range(reps)) for n in (small, large)}  # the least disturbed
+            empty = next(steps)
+            poll = _best(lambda: bus.fetch(empty, "profile", ["response", "log_probs"], small), 2 * reps)
+        finally:
+            bus.close()
+    row = max((sizes[large] - sizes[small]) / (large - small), 0.0)
+    call = max(sizes[small] - row * small, 0.0)
+    return {"rpc_s": _m(rpc, "Ray actor round trip, mean of 50"),
+            "bus_row_s": _m(row, f"relax.bus put_rows + fetch of {small} vs {large} rows (TransferQueue): the slope"),
+            "bus_call_s": _m(call, f"relax.bus put_rows + fetch of {small} vs {large} rows: the intercept"),
+            "bus_poll_s": _m(poll, "relax.bus fetch of a partition with nothing ready"),
+            "bus_bytes_per_s": _m(big.nbytes / max(t_big - t_tiny, 1e-9), "Ray put + get of 64 MiB")}
 
 
 def register(sub) -> None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import simpy
 
+from relax.bus import POLL_S
 from relax.bus.gate import can_start
 from relax.config import ConfigError, ExperimentConfig
 from relax.sim.cost import CostModel
@@ -162,6 +163,21 @@ class Simulation:
         yield self.env.timeout(seconds)
         yield self.cores.put(n)
 
+    def idle(self, role: str, ev: simpy.Event):
+        """`role` waits for `ev` as the engine's consumers wait: a fetch, and while it finds nothing, a sleep of
+        relax.bus.POLL_S and another fetch. On a CPU profile each empty fetch takes a core (the consumer's and
+        TransferQueue's controller's CPU): idle consumers slow the roles that work. A consumer notices new data
+        at its next fetch, as in the engine."""
+        poll = self.cost.poll_time()
+        if self.cores is None or poll <= 0:
+            yield ev
+            return
+        while not ev.triggered:
+            yield self.env.timeout(POLL_S)
+            yield self.cores.get(1)
+            yield self.env.timeout(poll)
+            yield self.cores.put(1)
+
     def span(self, role, name, step, start, **args) -> None:
         if self.record and self.env.now > start:
             self.spans.append(Span(role, name, step, start, self.env.now, args))
@@ -265,10 +281,10 @@ class Simulation:
                 yield from self.generate_chunk(r, *c)
         yield self.env.all_of([self.env.process(worker(r)) for r in range(self.cfg.rollout.replicas)])
 
-    def wait_fields(self, k: int, names: list[str], need: int):
+    def wait_fields(self, role: str, k: int, names: list[str], need: int):
         """Until every field in `names` has >= need groups of partition k ready."""
         while min(self.fields[f].counts[k] for f in names) < need:
-            yield self.wait_more(k, names)
+            yield from self.idle(role, self.wait_more(k, names))
 
     def wait_more(self, k: int, names: list[str]) -> simpy.Event:
         """The next change of the field of `names` with the fewest groups of partition k ready: what all of them
@@ -283,7 +299,7 @@ class Simulation:
             while done < self.P:
                 avail = (fields[0].counts[k] if len(fields) == 1 else min(f.counts[k] for f in fields)) - done
                 if avail <= 0:
-                    yield self.wait_more(k, inputs)
+                    yield from self.idle(role, self.wait_more(k, inputs))
                     continue
                 groups = self.order[k][done:done + avail]
                 t0 = self.env.now
@@ -331,10 +347,14 @@ class Simulation:
         return max(len(self.micro_batches(k, list(range(self.P)))) / self.cost.data_parallel(), 1.0)
 
     def train_micro_batch(self, k: int, groups: list[int], m: float):
+        """One micro-batch's forward + backward; its rows were fetched before (`fetch`)."""
         t0 = self.env.now
-        rows, nbytes = self.rows_bytes(k, groups)
-        yield from self.busy("actor", self.cost.train_time(*self.tokens(k, groups), m) + self.cost.bus_time(rows, nbytes))
-        self.span("actor", "train_micro_batch", k, t0, rows=rows)
+        yield from self.busy("actor", self.cost.train_time(*self.tokens(k, groups), m))
+        self.span("actor", "train_micro_batch", k, t0, rows=len(groups) * self.G)
+
+    def fetch(self, role: str, k: int, groups: list[int]):
+        """One bus fetch of these groups' rows by `role` (a call, its rows, its bytes)."""
+        yield from self.busy(role, self.cost.bus_time(*self.rows_bytes(k, groups)))
 
     def finish_step(self, k: int, publish: bool = True):
         t0 = self.env.now
@@ -360,19 +380,26 @@ class Simulation:
     def actor_streaming(self):
         inputs = self.actor_inputs()
         for k in range(self.steps):
-            t_start, wait, done = self.env.now, 0.0, 0
+            t_start, wait, fetched, done = self.env.now, 0.0, 0, 0
             m = self.expected_micro_batches(k)
             budget = self.cost.micro_batch_tokens()
             while done < self.P:
-                avail = min(self.fields[f].counts[k] for f in inputs) - done
-                if avail <= 0:
-                    t0 = self.env.now
-                    yield self.wait_more(k, inputs)
-                    wait += self.env.now - t0
-                    continue
-                # StreamingLoader: the first ready group, then more while they fit the token budget
+                # StreamingLoader: while the fetched groups cannot fill a micro-batch, one fetch of every group
+                # ready; then the first fetched group, and more while they fit the token budget.
+                pending = self.order[k][done:fetched]
+                if fetched < self.P and sum(self.g_tok[k][g] for g in pending) < budget:
+                    avail = min(self.fields[f].counts[k] for f in inputs) - fetched
+                    if avail > 0:
+                        yield from self.fetch("actor", k, self.order[k][fetched:fetched + avail])
+                        fetched += avail
+                        continue
+                    if not pending:
+                        t0 = self.env.now
+                        yield from self.idle("actor", self.wait_more(k, inputs))
+                        wait += self.env.now - t0
+                        continue
                 take, tokens = [], 0.0
-                for g in self.order[k][done:done + avail]:
+                for g in pending:
                     t = self.g_tok[k][g]
                     if take and tokens + t > budget:
                         break
@@ -439,6 +466,7 @@ class Simulation:
                 t0 = self.env.now
                 yield from self.busy(role, work(k, groups) + self.cost.bus_time(rows, nbytes) + self.cost.rpc)
                 self.span(role, name, k, t0, rows=rows)
+            yield from self.fetch("actor", k, groups)
             m = self.expected_micro_batches(k)
             for mb in self.micro_batches(k, groups):
                 yield from self.train_micro_batch(k, mb, m)
@@ -451,10 +479,10 @@ class Simulation:
         for k in range(self.steps):
             t_start = t0 = self.env.now
             yield gen.pop(k)
-            yield from self.wait_fields(k, ["advantages"], self.P)
+            yield from self.wait_fields("actor", k, ["advantages"], self.P)
             groups = self.order[k]
-            rows, nbytes = self.rows_bytes(k, groups)
-            yield from self.busy("actor", self.cost.bus_time(rows, nbytes))
+            rows = len(groups) * self.G
+            yield from self.fetch("actor", k, groups)
             self.span("actor", "rollout_residual", k, t0)
             t1 = self.env.now
             yield self.env.process(self._all_load(k + 1))  # every engine loads the weights: a barrier
@@ -507,10 +535,10 @@ class Simulation:
     def openrlhf_trainer(self, slots, lock):
         for k in range(self.steps):
             t_start = t0 = self.env.now
-            yield from self.wait_fields(k, ["advantages"], self.P)
+            yield from self.wait_fields("actor", k, ["advantages"], self.P)
             groups = self.order[k]
-            rows, nbytes = self.rows_bytes(k, groups)
-            yield from self.busy("actor", self.cost.bus_time(rows, nbytes))
+            rows = len(groups) * self.G
+            yield from self.fetch("actor", k, groups)
             self.span("actor", "trainer_wait", k, t0)
             queue_wait = self.env.now - t0
             yield slots.put(1)

@@ -325,3 +325,57 @@ def test_profile_measures_a_loadable_cpu_profile(tmp_path):
     sim = Simulation(cfg, CostModel(cfg, model_shape(cfg), hw),
                      LengthModel(prompt_tokens=10, max_new_tokens=4, mean=3, cv=0.5, source="test")).run()
     assert len(sim.step_end) == cfg.steps
+
+
+# --- bus calls and idle consumers ---------------------------------------------------------------------------
+def test_colocate_pays_one_bus_call_per_stage_and_one_fetch_for_the_actor():
+    """Colocate, one engine call per partition, no Reference: the rollout's put, Reward's and Advantages' fetch +
+    write, and the Actor's one fetch of the whole partition (however many micro-batches it trains) are 4 bus
+    calls per step: a per-call cost X adds exactly 4 X to every step."""
+    cfg = _cfg(mode="colocate", max_staleness=0, **{"training.micro_batch_tokens": 16})
+    base = _step_times(_sim(cfg, _free_profile()).run())
+    hw = _free_profile()
+    hw["overheads"]["bus_call_s"] = {"value": 0.25, "source": "assumed; test"}
+    sim = _sim(cfg, hw).run()
+    assert len(sim.micro_batches(0, list(range(sim.P)))) > 1  # several micro-batches, still one fetch
+    for t, t0 in zip(_step_times(sim), base):
+        assert t == pytest.approx(t0 + 4 * 0.25, rel=1e-9)
+
+
+def _cpu_profile(poll_s: float) -> dict:
+    hw = _free_profile()
+    hw["kind"] = "cpu"
+    hw["device"]["per_node"] = {"value": 1, "source": "assumed; test: one core all roles share"}
+    hw["overheads"]["bus_poll_s"] = {"value": poll_s, "source": "assumed; test"}
+    return hw
+
+
+def test_idle_consumers_poll_and_slow_the_roles_that_work_on_a_cpu_profile():
+    """Async on one shared core: Reward, Advantages and the Actor wait for the rollout by fetching every
+    relax.bus.POLL_S; each empty fetch holds the core, so the rollout's generation (and the step) takes longer
+    the more an empty fetch costs. Without a measured poll cost, or on a GPU profile, waiting is free."""
+    from relax.bus import POLL_S
+
+    cfg = _cfg(max_staleness=0)
+    free = _step_times(_sim(cfg, _cpu_profile(0.0)).run())
+    slow = _step_times(_sim(cfg, _cpu_profile(POLL_S)).run())
+    assert all(b > a for a, b in zip(free, slow))
+    gpu = _free_profile()
+    gpu["overheads"]["bus_poll_s"] = {"value": POLL_S, "source": "assumed; test"}
+    assert _step_times(_sim(cfg, gpu).run()) == _step_times(_sim(cfg, _free_profile()).run())
+
+
+@pytest.mark.slow  # a Ray session and TransferQueue: about 30 s on 2 busy cores
+def test_profile_with_ray_times_the_bus_itself():
+    """`relax profile --ray` times relax.bus over TransferQueue (not a bare Ray put): a per-call and a per-row
+    cost from two batch sizes, and the empty fetch an idle consumer repeats; the profile loads back with them."""
+    from relax.sim.measure import _ray_costs
+
+    cfg = _cfg(**{"task.name": "basic_arithmetic", "rollout.max_new_tokens": 8})
+    costs = _ray_costs(cfg, prompt_tokens=12.0, reps=2)
+    for name in ("bus_row_s", "bus_call_s", "bus_poll_s"):
+        assert costs[name]["source"].startswith("measured (relax.bus"), name
+    assert costs["bus_call_s"]["value"] > 0 and costs["bus_poll_s"]["value"] > 0
+    hw = _free_profile()
+    hw["overheads"].update(costs)
+    assert HardwareProfile.model_validate(hw).overheads.bus_call_s.value == costs["bus_call_s"]["value"]
