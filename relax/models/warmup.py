@@ -21,7 +21,7 @@ from relax.config import ExperimentConfig
 from relax.models import build_model, state_dict_cpu
 from relax.tasks import make_task, supervised_pairs
 from relax.trainers.batching import pack
-from relax.trainers.supervised import supervised_loop
+from relax.trainers.supervised import noisy_answer, supervised_loop
 
 
 def cache_root() -> Path:
@@ -54,14 +54,6 @@ def warmup_state(cfg: ExperimentConfig, progress: bool = True) -> dict[str, torc
     return state
 
 
-def _noisy(target: str, rng: random.Random, offsets: list[int] | None = None) -> str:
-    """A plausible wrong answer (keeps the format, moves the number by one of `offsets`)."""
-    try:
-        return f" {int(target) + rng.choice(offsets or [-2, -1, 1, 2])}"
-    except ValueError:
-        return target
-
-
 def sft(model, tok, cfg: ExperimentConfig, progress: bool = True) -> list[float]:
     """The warm-up of `model` on the batches its task kind supplies (text pairs here; media inputs or multi-turn
     episodes with a loss mask from relax/omni/train.py, relax/agent/train.py); returns the losses."""
@@ -88,7 +80,7 @@ def text_batches(tok, cfg: ExperimentConfig):
             prompts, targets = [], []
             for prompt, target in pairs[step * w.batch_size : (step + 1) * w.batch_size]:
                 if w.label_noise and rng.random() < w.label_noise:
-                    target = _noisy(target.strip(), rng, w.label_noise_offsets)
+                    target = noisy_answer(target.strip(), rng, w.label_noise_offsets)
                 prompts.append(torch.tensor(tok.encode(prompt)))
                 targets.append(torch.tensor(tok.encode(target, add_bos=False) + [tok.eos_token_id]))
             yield pack(prompts, targets, tok.pad_token_id), None

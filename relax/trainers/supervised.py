@@ -46,6 +46,15 @@ def sft_step(model, opt, sched, packed: Packed, media: list[dict] | None = None)
     return float(loss.detach())
 
 
+def noisy_answer(target: str, rng: random.Random, offsets: list[int] | None = None, lead: str = " ") -> str:
+    """A warm-up demonstrator's plausible wrong answer: the number moved by one of `offsets` (None: -2, -1, +1, +2),
+    written after `lead`; a target that is not a number stays as it is."""
+    try:
+        return f"{lead}{int(target) + rng.choice(offsets or [-2, -1, 1, 2])}"
+    except ValueError:
+        return target
+
+
 def sampled_batches(rows_of: Callable[[list[int]], dict], size: int, w, seed: int,
                     pad_id: int) -> Iterator[tuple[Packed, list[dict] | None]]:
     """`w.steps` batches of `w.batch_size` row indices drawn uniformly (with replacement, `Random(seed)`) from
@@ -56,4 +65,4 @@ def sampled_batches(rows_of: Callable[[list[int]], dict], size: int, w, seed: in
         yield pack(rows["prompt_ids"], rows["response_ids"], pad_id, rows.get("loss_mask")), media_rows(rows)
 
 
-__all__ = ["sampled_batches", "sft_step", "supervised_loop"]
+__all__ = ["noisy_answer", "sampled_batches", "sft_step", "supervised_loop"]

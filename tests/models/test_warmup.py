@@ -42,3 +42,26 @@ def test_an_unset_knob_keeps_the_cache_key_a_set_one_changes_it():
     same = load_config("experiments/async/cpu.yaml", ["warmup.label_noise_offsets=null"])
     other = load_config("experiments/async/cpu.yaml", ["warmup.label_noise_offsets=[1]"])
     assert warmup_key(base) == warmup_key(same) != warmup_key(other)
+
+
+def test_the_omni_warm_up_has_the_same_demonstrator():
+    """Omni batches (media + text) take label noise too: with one offset every noisy target is one too high,
+    and the rows drawn (their media) are the same with and without the noise."""
+    from relax.omni.train import warmup_batches
+    from relax.omni.tokenizer import OmniTokenizer
+
+    def targets(overrides):
+        cfg = load_config("experiments/omni/cpu.yaml", ["warmup.steps=2", "warmup.batch_size=16", "task.size=64",
+                                                        *overrides])
+        tok, out, media = OmniTokenizer(), [], []
+        for packed, m in warmup_batches(tok, cfg):
+            media += [sorted(x) for x in m] if m else []
+            out += [int(tok.decode([int(t) for t, k in zip(row, mask) if k > 0]).strip())
+                    for row, mask in zip(packed.resp_ids, packed.mask)]
+        return out, media
+
+    clean, media_clean = targets([])
+    noisy, media_noisy = targets(["warmup.label_noise=0.6", "warmup.label_noise_offsets=[1]"])
+    moved = [b - a for a, b in zip(clean, noisy)]
+    assert set(moved) == {0, 1} and 0.35 < sum(moved) / len(moved) < 0.85
+    assert media_clean == media_noisy
