@@ -60,7 +60,7 @@ def test_the_omni_warm_up_has_the_same_demonstrator():
                     for row, mask in zip(packed.resp_ids, packed.mask)]
         return out, media
 
-    clean, media_clean = targets([])
+    clean, media_clean = targets(["warmup.label_noise=0"])
     noisy, media_noisy = targets(["warmup.label_noise=0.6", "warmup.label_noise_offsets=[1]"])
     moved = [b - a for a, b in zip(clean, noisy)]
     assert set(moved) == {0, 1} and 0.35 < sum(moved) / len(moved) < 0.85
