@@ -133,8 +133,9 @@ CONVERGENCE_COLUMNS = ["variant", "seeds", "accuracy_end", "accuracy_end_ci95", 
 CONVERGENCE_NOTE = ("Measured, CPU scale (see headroom.md for the set-up and each run's load). The paper's claim: every "
                     "mode converges to the same accuracy, the asynchronous ones in less wall time. accuracy_end: "
                     "held-out greedy accuracy after RL, mean over seeds with its 95% Student-t interval; "
-                    "overlaps_first: whether that interval overlaps the first variant's (colocate). Seeds ran at the "
-                    "same time, so a run's wall time depends on what ran beside it.")
+                    "overlaps_first: whether that interval overlaps the first variant's (colocate). A run's wall "
+                    "time depends on what ran beside it: headroom.md gives each run's host load, and headroom.json "
+                    "marks the runs of `--parallel` (a variant's seeds at the same time) with parallel: true.")
 
 
 def convergence_rows(by_variant: dict[str, list[dict]]) -> list[dict]:

@@ -36,7 +36,8 @@ unknown = {n for names in SETS.values() for n in names} - set(RUNS)
 assert not unknown, f"variants.yaml: sets name variants it does not define: {sorted(unknown)}"
 
 
-def _record(results: dict, root: Path, name: str, seed: int, run_dir: Path, summary: dict, extra: list[str]) -> None:
+def _record(results: dict, root: Path, name: str, seed: int, run_dir: Path, summary: dict, extra: list[str],
+            parallel: bool = False) -> None:
     label, overrides = RUNS[name]
     folder = RunFolder(run_dir)
     load = folder.host_load() or {}
@@ -48,6 +49,7 @@ def _record(results: dict, root: Path, name: str, seed: int, run_dir: Path, summ
                                     "eval_reward_end", "train_time_s", "mean_step_time_s", "tokens_per_s")},
         "eval_curve": summary.get("eval_curve", []),  # task.eval_every: held-out accuracy against step / wall time
         "load_before": load.get("loadavg_before"), "load_after": load.get("loadavg_after"), "wall_s": load.get("wall_s"),
+        "parallel": parallel,  # the variant's seeds ran at the same time, sharing the cores
     }
     print(f"    {name} seed {seed}: greedy held-out {summary['eval_accuracy_start']:.3f} -> "
           f"{summary['eval_accuracy_end']:.3f} ({summary['train_time_s']:.0f} s of training, "
@@ -75,7 +77,7 @@ def run_study(config: str, seeds: list[int], names: list[str], out: Path, steps:
                 if child.wait() != 0:
                     failed.append(f"{name} seed {seed} (see {root / f'{name}-seed{seed}.log'})")
                     continue
-                _record(results, root, name, seed, child.run_dir, RunFolder(child.run_dir).summary(), extra)
+                _record(results, root, name, seed, child.run_dir, RunFolder(child.run_dir).summary(), extra, True)
                 path.write_text(json.dumps(results, indent=2))
             if failed:
                 raise RuntimeError(f"failed: {', '.join(failed)}; the others are recorded in {path}")
