@@ -47,7 +47,9 @@ STUDIES: list[tuple[str, list[str]]] = [
 # smollm2/ = SmolLM2-135M-Instruct before/after GRPO (experiments/async/cpu-smollm2.yaml; see its README.md).
 # headroom/ = `relax study headroom` (3 seeds x 3 warm-ups + 120 RL steps, ~18 min on a quiet machine: with the
 # emulate study it would take reproduce-fig past its 60 minutes); `make figures` draws it from the reference.
-KEPT_REFERENCE = {"smollm2", "headroom"}
+# sim_gate/ = the simulator's first gate (python -m experiments.sim.gate_cpu --fresh: a profile and the 7 runs in one
+# invocation, ~12 minutes; SIMULATED beside measured).
+KEPT_REFERENCE = {"smollm2", "headroom", "sim_gate"}
 
 
 def _fmt(seconds: float) -> str:
