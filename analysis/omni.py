@@ -76,7 +76,7 @@ def _note(res: dict) -> str:
     loads = sorted(x for v in res["modes"].values() for x in (v["host_load"]["loadavg_before"][0],
                                                                 v["host_load"]["loadavg_after"][0]))
     return NOTE.format(model=f"hidden {m.get('hidden_size')}, {m.get('num_layers')} layers",
-                       load=f"{loads[0]}-{loads[-1]}" if loads else "?", pool=(res.get("task") or {}).get("rl_pool") or "every train")
+                       load=f"{loads[0]}-{loads[-1]}" if loads else "?", pool=(res.get("task") or {}).get("rl_pool") or "all the train")
 
 
 def plot_omni(res: dict, pub: dict, path: Path) -> Path:
