@@ -69,7 +69,7 @@ class MemoryMeter:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def __enter__(self) -> "MemoryMeter":
+    def __enter__(self) -> MemoryMeter:
         self._stop.clear()
         self._thread = threading.Thread(target=self._loop, name="memory-meter", daemon=True)
         self._thread.start()

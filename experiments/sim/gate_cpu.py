@@ -86,7 +86,7 @@ def ratios(rows: list[dict], stat: str) -> list[dict]:
 
 
 def markdown(rows, rat, profile, runs_root) -> str:
-    lines = [f"# Issue 14 gate 1: SIMULATED vs measured step time (aim: within 10%, judged on the median)", "",
+    lines = ["# Issue 14 gate 1: SIMULATED vs measured step time (aim: within 10%, judged on the median)", "",
              f"Profile: {profile} (measured by relax profile). Runs: {runs_root}.", "",
              "| run | measured median (s) | SIMULATED median (s) | error | measured mean (s) | SIMULATED mean (s) "
              "| error | host load before -> after |", "|---|---|---|---|---|---|---|---|"]
