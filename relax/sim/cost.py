@@ -223,14 +223,16 @@ class CostModel:
     def _generate_all_admitted(self, requests, over, arms) -> tuple[float, list[float]]:
         """`generate` when every request fits at once: one prefill, then segments between finishes (the same
         arithmetic as the general path, without its queue and heap)."""
-        t = self.prefill_time([p for p, _ in requests])
-        order = sorted(range(len(requests)), key=lambda i: requests[i][1])
-        context = sum(p for p, _ in requests)
+        prompts = [p for p, _ in requests]
+        t = self.prefill_time(prompts)
+        ends = [max(int(n), 1) for _, n in requests]  # the decode step each request finishes at
+        order = sorted(range(len(requests)), key=ends.__getitem__)
+        context = sum(prompts)
         finish = [0.0] * len(requests)
-        step, b, j = 0, len(requests), 0
+        step, b, j, n = 0, len(requests), 0, len(requests)
         w_read, kv_read, touched = 0.0, 0.0, self._touched
-        while j < len(order):
-            end = max(int(requests[order[j]][1]), 1)
+        while j < n:
+            end = ends[order[j]]
             n_steps = end - step
             if n_steps > 0:
                 a, bm, c, dm = arms(b)
@@ -239,10 +241,10 @@ class CostModel:
                 kv_read += n_steps * context + b * n_steps * (n_steps - 1) / 2
                 context += b * n_steps
                 step = end
-            while j < len(order) and max(int(requests[order[j]][1]), 1) == step:
+            while j < n and ends[order[j]] == step:
                 i = order[j]
                 finish[i] = t
-                context -= requests[i][0] + step
+                context -= prompts[i] + step
                 b -= 1
                 j += 1
         self._count_reads(w_read, kv_read)

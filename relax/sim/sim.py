@@ -380,33 +380,35 @@ class Simulation:
     def actor_streaming(self):
         inputs = self.actor_inputs()
         for k in range(self.steps):
-            t_start, wait, fetched, done = self.env.now, 0.0, 0, 0
+            t_start, wait, fetched, done, pending_tokens = self.env.now, 0.0, 0, 0, 0.0
             m = self.expected_micro_batches(k)
             budget = self.cost.micro_batch_tokens()
+            tok, order = self.g_tok[k], self.order[k]
             while done < self.P:
                 # StreamingLoader: while the fetched groups cannot fill a micro-batch, one fetch of every group
                 # ready; then the first fetched group, and more while they fit the token budget.
-                pending = self.order[k][done:fetched]
-                if fetched < self.P and sum(self.g_tok[k][g] for g in pending) < budget:
+                if fetched < self.P and pending_tokens < budget:
                     avail = min(self.fields[f].counts[k] for f in inputs) - fetched
                     if avail > 0:
-                        yield from self.fetch("actor", k, self.order[k][fetched:fetched + avail])
+                        yield from self.fetch("actor", k, order[fetched:fetched + avail])
+                        pending_tokens += sum(tok[g] for g in order[fetched:fetched + avail])
                         fetched += avail
                         continue
-                    if not pending:
+                    if fetched == done:
                         t0 = self.env.now
                         yield from self.idle("actor", self.wait_more(k, inputs))
                         wait += self.env.now - t0
                         continue
                 take, tokens = [], 0.0
-                for g in pending:
-                    t = self.g_tok[k][g]
+                for g in order[done:fetched]:
+                    t = tok[g]
                     if take and tokens + t > budget:
                         break
                     take.append(g)
                     tokens += t
                 yield from self.train_micro_batch(k, take, m)
                 done += len(take)
+                pending_tokens -= tokens
             yield from self.finish_step(k)
             self.end_step(k, t_start, wait)
 
