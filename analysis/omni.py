@@ -55,20 +55,30 @@ def omni_rows(res: dict, pub: dict) -> list[dict]:
         add(f"{mode}: held-out greedy accuracy, after RL", m.get("eval_accuracy_end"))
         add(f"{mode}: held-out sampled reward, before RL", m.get("eval_reward_start"))
         add(f"{mode}: held-out sampled reward, after RL", m.get("eval_reward_end"))
-        gains = heldout_gains(m)
-        if gains:
-            mean, half = interval(gains)
-            add(f"{mode}: held-out greedy accuracy gain, mean over {len(gains)} seed(s)", mean)
+        gain = gain_interval(m)
+        if gain:
+            n, mean, half = gain
+            add(f"{mode}: held-out greedy accuracy gain, mean over {n} seed(s)", mean)
             add(f"{mode}: held-out greedy accuracy gain, 95% t half-width", half)
         add(f"{mode}: 1-min load average during the run", m["host_load"]["loadavg_after"][0])
     return rows
 
 
+def seed_runs(m: dict) -> list[dict]:
+    """A mode's runs, one per seed (a result written before --seeds: its one run)."""
+    return m.get("per_seed") or [m]
+
+
 def heldout_gains(m: dict) -> list[float]:
-    """Held-out greedy accuracy after RL minus before, per seed (a single-seed result: its one run)."""
-    runs = m.get("per_seed") or [m]
-    return [r["eval_accuracy_end"] - r["eval_accuracy_start"] for r in runs
+    """Held-out greedy accuracy after RL minus before, per seed."""
+    return [r["eval_accuracy_end"] - r["eval_accuracy_start"] for r in seed_runs(m)
             if r.get("eval_accuracy_end") is not None and r.get("eval_accuracy_start") is not None]
+
+
+def gain_interval(m: dict) -> tuple[int, float, float | None] | None:
+    """(seeds, mean held-out gain, 95% t half-width; None for one seed), or None without held-out evals."""
+    gains = heldout_gains(m)
+    return (len(gains), *interval(gains)) if gains else None
 
 
 def _note(res: dict) -> str:
@@ -117,14 +127,14 @@ def plot_omni(res: dict, pub: dict, path: Path) -> Path:
     ax[2].margins(y=0.2)
     ax[2].set(ylabel="mean step time (s)", title=title)
     for i, mode in enumerate(modes):
-        for r in res["modes"][mode].get("per_seed") or [res["modes"][mode]]:
+        for r in seed_runs(res["modes"][mode]):
             if r.get("eval_accuracy_start") is None:
                 continue
             ax[3].plot([i - 0.15, i + 0.15], [r["eval_accuracy_start"], r["eval_accuracy_end"]], "o-",
                        color=colors[mode], alpha=0.8)
-        gains = heldout_gains(res["modes"][mode])
-        if gains:
-            mean, half = interval(gains)
+        gain = gain_interval(res["modes"][mode])
+        if gain:
+            _, mean, half = gain
             ax[3].text(i, 1.02, f"gain {mean:+.3f}" + (f" +- {half:.3f}" if half is not None else ""),
                        ha="center", fontsize=7)
     ax[3].set_xticks(range(len(modes)), modes)

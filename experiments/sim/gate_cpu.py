@@ -32,11 +32,11 @@ from relax.sim import build
 
 ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = ROOT / "results" / "reference"
-# (experiment, profile) of each run, and its name in analysis/reproduce.py's EXPERIMENTS (for --fresh)
-FRESH = ["colocate", "async-on-policy", "async-off-policy", "verl-emulated", "openrlhf-emulated", "staleness-2",
-         "staleness-4"]
-RUNS = [("colocate", "cpu"), ("async", "cpu-onpolicy"), ("async", "cpu"), ("async", "cpu-verl"),
-        ("async", "cpu-openrlhf"), ("async", "cpu-staleness2"), ("async", "cpu-staleness4")]
+# Each run's name in analysis/reproduce.py's EXPERIMENTS (what --fresh runs) and its (experiment, profile) folder
+GATE_RUNS = {"colocate": ("colocate", "cpu"), "async-on-policy": ("async", "cpu-onpolicy"),
+             "async-off-policy": ("async", "cpu"), "verl-emulated": ("async", "cpu-verl"),
+             "openrlhf-emulated": ("async", "cpu-openrlhf"), "staleness-2": ("async", "cpu-staleness2"),
+             "staleness-4": ("async", "cpu-staleness4")}
 RATIOS = [("async off-policy / colocate (speed-up)", ("colocate", "cpu"), ("async", "cpu")),
           ("async on-policy / colocate (speed-up)", ("colocate", "cpu"), ("async", "cpu-onpolicy")),
           ("relax async / veRL emulated (speed-up)", ("async", "cpu-verl"), ("async", "cpu")),
@@ -57,7 +57,7 @@ def _rel(path: Path) -> str:
 def predict(profile: Path, root: Path = REFERENCE) -> list[dict]:
     runs = latest_runs(root)
     rows = []
-    for key in RUNS:
+    for key in GATE_RUNS.values():
         d = runs[key]
         folder = RunFolder(d)
         cfg = validate(folder.config())
@@ -117,7 +117,7 @@ def main(argv=None) -> int:
     runs_root = args.runs
     if args.fresh:
         runs_root = out / "runs"
-        subprocess.run([sys.executable, "-m", "relax.cli", "reproduce", "--only", *FRESH, "--out", str(runs_root),
+        subprocess.run([sys.executable, "-m", "relax.cli", "reproduce", "--only", *GATE_RUNS, "--out", str(runs_root),
                         "--no-figures"], check=True, cwd=ROOT)
     rows = predict(profile, runs_root)
     rat = {stat: ratios(rows, stat) for stat in ("median", "mean")}

@@ -33,8 +33,9 @@ def warmup_batches(tok, cfg):
     rng = random.Random(f"{cfg.seed}-label-noise")  # its own stream: the drawn rows do not depend on the noise
 
     def answer(a: str) -> str:
-        return noisy_answer(a, rng, w.label_noise_offsets, lead="") if w.label_noise and rng.random() < w.label_noise \
-            else a
+        if w.label_noise and rng.random() < w.label_noise:
+            return noisy_answer(a, rng, w.label_noise_offsets, lead="")
+        return a
 
     return sampled_batches(lambda idx: omni_batch(proc, tok, data, idx, answer), len(data), w, cfg.seed,
                            tok.pad_token_id)

@@ -26,7 +26,6 @@ from relax.fault.redelivery import produced
 from relax.metrics.telemetry import SpanRecorder
 
 
-
 class Role:
     name = "role"
     task = ""  # bus consumption task name

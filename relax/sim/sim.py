@@ -163,8 +163,8 @@ class Simulation:
         yield self.env.timeout(seconds)
         yield self.cores.put(n)
 
-    def idle(self, role: str, ev: simpy.Event):
-        """`role` waits for `ev` as the engine's consumers wait: a fetch, and while it finds nothing, a sleep of
+    def idle(self, ev: simpy.Event):
+        """Wait for `ev` as the engine's consumers wait: a fetch, and while it finds nothing, a sleep of
         relax.bus.POLL_S and another fetch. On a CPU profile each empty fetch takes a core (the consumer's and
         TransferQueue's controller's CPU): idle consumers slow the roles that work. A consumer notices new data
         at its next fetch, as in the engine."""
@@ -281,10 +281,10 @@ class Simulation:
                 yield from self.generate_chunk(r, *c)
         yield self.env.all_of([self.env.process(worker(r)) for r in range(self.cfg.rollout.replicas)])
 
-    def wait_fields(self, role: str, k: int, names: list[str], need: int):
+    def wait_fields(self, k: int, names: list[str], need: int):
         """Until every field in `names` has >= need groups of partition k ready."""
         while min(self.fields[f].counts[k] for f in names) < need:
-            yield from self.idle(role, self.wait_more(k, names))
+            yield from self.idle(self.wait_more(k, names))
 
     def wait_more(self, k: int, names: list[str]) -> simpy.Event:
         """The next change of the field of `names` with the fewest groups of partition k ready: what all of them
@@ -299,7 +299,7 @@ class Simulation:
             while done < self.P:
                 avail = (fields[0].counts[k] if len(fields) == 1 else min(f.counts[k] for f in fields)) - done
                 if avail <= 0:
-                    yield from self.idle(role, self.wait_more(k, inputs))
+                    yield from self.idle(self.wait_more(k, inputs))
                     continue
                 groups = self.order[k][done:done + avail]
                 t0 = self.env.now
@@ -396,7 +396,7 @@ class Simulation:
                         continue
                     if fetched == done:
                         t0 = self.env.now
-                        yield from self.idle("actor", self.wait_more(k, inputs))
+                        yield from self.idle(self.wait_more(k, inputs))
                         wait += self.env.now - t0
                         continue
                 take, tokens = [], 0.0
@@ -481,7 +481,7 @@ class Simulation:
         for k in range(self.steps):
             t_start = t0 = self.env.now
             yield gen.pop(k)
-            yield from self.wait_fields("actor", k, ["advantages"], self.P)
+            yield from self.wait_fields(k, ["advantages"], self.P)
             groups = self.order[k]
             rows = len(groups) * self.G
             yield from self.fetch("actor", k, groups)
@@ -537,7 +537,7 @@ class Simulation:
     def openrlhf_trainer(self, slots, lock):
         for k in range(self.steps):
             t_start = t0 = self.env.now
-            yield from self.wait_fields("actor", k, ["advantages"], self.P)
+            yield from self.wait_fields(k, ["advantages"], self.P)
             groups = self.order[k]
             rows = len(groups) * self.G
             yield from self.fetch("actor", k, groups)
