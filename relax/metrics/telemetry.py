@@ -31,8 +31,10 @@ class SpanRecorder:
                 self.flush()
 
     def flush(self) -> None:
+        """Ship the pending spans and wait until Telemetry holds them. Ray orders calls per caller only: once a
+        role's call has returned, the controller (another caller) must find every span it flushed."""
         if self.pending and self.telemetry is not None:
-            self.telemetry.add_spans.remote(self.pending)
+            ray.get(self.telemetry.add_spans.remote(self.pending))
         self.pending = []
 
 

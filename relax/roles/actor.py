@@ -267,10 +267,11 @@ class ActorRole(ModelRole):
             if vals:
                 record[key] = sum(vals) / len(vals)
         self.rec.flush()
-        self.telemetry.add_step.remote(record)
+        # Acknowledged, not fire-and-forget: the run ends when the last step returns, and the controller (another
+        # caller, so unordered with this one) must then find every step's record -- and the spans sent before it.
+        ray.get(self.telemetry.add_step.remote(record))
         limit = cfg.training.max_nonfinite_steps
         if self.nonfinite_run >= limit:
-            ray.get(self.telemetry.snapshot.remote(10**9))  # the record is in before the run stops
             raise NonFiniteTrainingError(
                 f"training: {limit} steps in a row (steps {k - limit + 1}..{k}) had a non-finite loss or gradient "
                 f"norm (training.max_nonfinite_steps={limit}); stopping the run")
