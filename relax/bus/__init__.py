@@ -15,12 +15,13 @@ from relax.lazy import lazy_getattr
 # Ray's workers (TQ's storage units included) inherit it too.
 os.environ.setdefault("TQ_NUM_THREADS", str(min(8, psutil.cpu_count(logical=False) or 1)))
 
-# How long a consumer (a streaming role, the StreamingLoader, an emulated schedule's trainer) sleeps after an empty
-# fetch before it asks again. The simulator prices the idle fetches with it (relax/sim/sim.py, Simulation.idle).
-POLL_S = 0.005
+# The longest a consumer (a streaming role, the StreamingLoader, an emulated schedule's trainer) blocks in one
+# fetch waiting for its partition to change (Bus.fetch `wait`), before it looks at its own conditions again (a
+# timeout, a partition trained without it). A new row wakes it at once: this bounds only those checks.
+WAIT_S = 1.0
 
 _HOME = {"Batch": "batch", "Bus": "bus", "StreamingLoader": "loader"}
-__all__ = [*_HOME, "POLL_S"]
+__all__ = [*_HOME, "WAIT_S"]
 
 
 __getattr__ = lazy_getattr(__name__, _HOME)

@@ -264,15 +264,33 @@ class Bus:
         except BaseException:
             _get(self._coord.release.remote(step, n))
             raise
+        self.touch(step)
         return list(meta.global_indexes)
 
-    def fetch(self, step: int, task: str, fields: list[str], max_rows: int, whole_groups: bool = False) -> Batch | None:
+    def fetch(self, step: int, task: str, fields: list[str], max_rows: int, whole_groups: bool = False,
+              wait: float = 0.0) -> Batch | None:
         """Up to `max_rows` rows of partition `step` whose `fields` are all produced and that `task` has not
-        consumed, in insertion order; they count as consumed by `task`. None if nothing is ready."""
+        consumed, in insertion order; they count as consumed by `task`. None if nothing is ready, after waiting up
+        to `wait` s: the wait blocks in the coordinator until the partition changes (`touch`) and fetches again,
+        so an idle consumer costs no CPU and sees new rows one notice after they land."""
         if not fields:
             raise ValueError("fetch: name at least one field")
         if max_rows < (self.group_size if whole_groups else 1):
             raise ValueError(f"fetch: max_rows={max_rows} cannot hold a row{' group' if whole_groups else ''}")
+        deadline, seen = time.monotonic() + wait, None
+        while True:
+            batch = self._fetch_once(step, task, fields, max_rows, whole_groups)
+            left = deadline - time.monotonic()
+            if batch is not None or left <= 0:
+                return batch
+            seen = _get(self._coord.wait_changed.remote(step, seen, left))
+
+    def touch(self, step: int) -> None:
+        """Rows of partition `step` landed or became fetchable again (a redelivery): wake its waiting consumers.
+        Sent without waiting; it follows this process's TQ call, so a woken consumer finds the rows."""
+        self._coord.touch.remote(step)
+
+    def _fetch_once(self, step: int, task: str, fields: list[str], max_rows: int, whole_groups: bool) -> Batch | None:
         client = self._tq()
         meta = client.get_meta(
             data_fields=list(fields), batch_size=1, partition_id=partition_id(step), task_name=task,
@@ -293,6 +311,7 @@ class Bus:
         meta = BatchMeta(batch.indexes, [partition_id(batch.step)] * n, custom_meta=batch.row_meta)
         client = self._tq()
         client.put(data=to_tensordict(fields), metadata=meta)
+        self.touch(batch.step)
 
     def clear(self, step: int) -> None:
         """Drop partition `step` (once trained) and free its capacity."""

@@ -1,8 +1,11 @@
-"""The bus coordinator: staleness gate and capacity accounting, in one small named async Ray actor.
+"""The bus coordinator: staleness gate, capacity accounting and change notices, in one small named async Ray
+actor.
 
 It lives in its own actor (not the driver) so every role process sees one state and the driver is free to
 block. Its methods are coroutines: a producer parked in `wait_can_start` or `reserve` never blocks the
-trainer's `mark_trained` or `release`, which are what wake it up.
+trainer's `mark_trained` or `release`, which are what wake it up; a consumer parked in `wait_changed` (nothing
+of its partition was ready) is woken by the next `touch` of that partition -- a put, a write, a redelivery --
+instead of polling TransferQueue.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ class Coordinator:
         self.trained: set[int] = set()  # marked trained but above `oldest` (finished out of order)
         self.held: dict[int, int] = {}  # rows held per partition (reserved by puts, freed by release)
         self.puts = 0  # sequence number of the next put; orders rows across concurrent producers
+        self.changes: dict[int, int] = {}  # per partition: how many times rows landed or became fetchable again
 
     async def settings(self) -> dict:
         return {"capacity_rows": self.capacity_rows, "group_size": self.group_size, "max_staleness": self.max_staleness}
@@ -70,6 +74,25 @@ class Coordinator:
                 self.trained.remove(self.oldest)
                 self.oldest += 1
             self.changed.notify_all()
+
+    async def touch(self, step: int) -> None:
+        """Rows of partition `step` landed or became fetchable again: wake the consumers waiting on it."""
+        async with self.changed:
+            self.changes[step] = self.changes.get(step, 0) + 1
+            self.changed.notify_all()
+
+    async def wait_changed(self, step: int, seen: int | None, timeout: float) -> int:
+        """Partition `step`'s change count, once it differs from `seen` (None: at once), the partition is trained,
+        or `timeout` s have passed. A consumer reads it, fetches, and if nothing was ready waits on what it read:
+        a change between the two is never missed."""
+        async with self.changed:
+            if seen is not None:
+                try:
+                    await asyncio.wait_for(self.changed.wait_for(
+                        lambda: self.changes.get(step, 0) != seen or step < self.oldest), timeout)
+                except asyncio.TimeoutError:
+                    pass
+            return self.changes.get(step, 0)
 
     async def oldest_unconsumed(self) -> int:
         return self.oldest

@@ -6,7 +6,7 @@ import time
 from collections import deque
 from collections.abc import Iterator, Sequence
 
-from relax.bus import POLL_S
+from relax.bus import WAIT_S
 from relax.bus.batch import Batch
 from relax.bus.bus import Bus
 
@@ -41,7 +41,6 @@ class StreamingLoader:
         group_size: int,
         micro_batch_tokens: int,
         length_field: str = "total_len",
-        poll_s: float = POLL_S,
         timeout_s: float | None = None,
     ):
         if group_size != bus.group_size:
@@ -54,7 +53,7 @@ class StreamingLoader:
         self.fields = list(dict.fromkeys([*fields, length_field]))
         self.rows_total, self.group_size = rows_total, group_size
         self.micro_batch_tokens, self.length_field = micro_batch_tokens, length_field
-        self.poll_s, self.timeout_s = poll_s, timeout_s
+        self.timeout_s = timeout_s
         self.wait_s = 0.0
 
     def __iter__(self) -> Iterator[Batch]:
@@ -67,7 +66,10 @@ class StreamingLoader:
                 # Pull more only while the groups on hand cannot fill a micro-batch.
                 if fetched < self.rows_total and pending_tokens < self.micro_batch_tokens:
                     left = self.rows_total - fetched
-                    got = self.bus.fetch(self.step, self.task, self.fields, left, whole_groups=True)
+                    # Nothing on hand: block until the partition changes (never past timeout_s).
+                    wait = 0.0 if pending else WAIT_S if self.timeout_s is None else \
+                        min(WAIT_S, max(self.timeout_s - (time.perf_counter() - t0), 0.0))
+                    got = self.bus.fetch(self.step, self.task, self.fields, left, whole_groups=True, wait=wait)
                     if got is not None:
                         fetched += got.size
                         for lo in range(0, got.size, G):
@@ -82,7 +84,6 @@ class StreamingLoader:
                         f"StreamingLoader: no group of partition {self.step} ready for '{self.task}' within "
                         f"{self.timeout_s} s ({yielded} of {self.rows_total} rows yielded)"
                     )
-                time.sleep(self.poll_s)
             n = groups_that_fit([t for _, t in pending], self.micro_batch_tokens)
             taken = [pending.popleft() for _ in range(n)]
             groups = [g for g, _ in taken]

@@ -31,6 +31,7 @@ def redeliver(bus: Bus, task: str, from_step: int = 0) -> list[int]:
     client = bus._tq()
     for k in steps:
         client.reset_consumption(partition_id(k), task)
+        bus.touch(k)
     return steps
 
 

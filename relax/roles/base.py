@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from relax.bus import POLL_S, Batch, Bus
+from relax.bus import WAIT_S, Batch, Bus
 from relax.config import ExperimentConfig
 from relax.fault.boot import BootClock
 from relax.fault.redelivery import produced
@@ -104,12 +104,11 @@ class Role:
         done = len(skip)
         while done < self.rows_per_step:
             batch = self.bus.fetch(k, self.task, self.fields, max_rows=self.rows_per_step - done,
-                                   whole_groups=self.whole_groups)
+                                   whole_groups=self.whole_groups, wait=WAIT_S)
             if batch is not None and skip:
                 keep = [i for i, g in enumerate(batch.indexes) if g not in skip]
                 batch = batch.select(keep) if keep else None
             if batch is None:
-                time.sleep(POLL_S)
                 continue
             # `fields`: what this role actually received (field-level storage: e.g. Reward never gets media).
             with self.rec.span(self.task, step=k, rows=batch.size, fields=sorted(batch.data)):

@@ -21,7 +21,7 @@ import ray
 import torch
 from torch import nn
 
-from relax.bus import POLL_S
+from relax.bus import WAIT_S
 from relax.roles.base import Role
 from relax.trainers import pad_right
 from relax.trainers.batching import budget_slices, pack
@@ -166,11 +166,10 @@ class CriticRole(Role):
     def _collect(self, k: int, fields: list[str]):
         done = 0
         while done < self.rows_per_step:
-            batch = self.bus.fetch(k, "critic_train", fields, max_rows=self.rows_per_step - done)
+            batch = self.bus.fetch(k, "critic_train", fields, max_rows=self.rows_per_step - done, wait=WAIT_S)
             if batch is None:
                 if k not in self.bus.held_rows():  # partition already trained and cleared: train on what we got
                     return
-                time.sleep(4 * POLL_S)
                 continue
             done += batch.size
             yield {f: list(batch[f]) for f in fields}

@@ -8,13 +8,13 @@ import time
 import ray
 import torch
 
-from relax.bus import POLL_S, Batch, Bus
+from relax.bus import WAIT_S, Batch, Bus
 from relax.bus.loader import groups_that_fit
 from relax.moe.fields import r3_fields
 
 
 def fetch_all(bus: Bus, step: int, task: str, fields: list[str], rows_total: int, group_size: int,
-              poll_s: float = POLL_S, timeout_s: float | None = 600.0) -> Batch:
+              timeout_s: float | None = 600.0) -> Batch:
     """Every row of partition `step` once all `fields` are written (whole groups), sorted by sample_id.
 
     This is the non-streaming hand-off of veRL and OpenRLHF: the trainer sees nothing until the whole batch
@@ -22,12 +22,11 @@ def fetch_all(bus: Bus, step: int, task: str, fields: list[str], rows_total: int
     fields = list(dict.fromkeys([*fields, "sample_id"]))
     parts, got, t0 = [], 0, time.monotonic()
     while got < rows_total:
-        batch = bus.fetch(step, task, fields, max_rows=rows_total - got, whole_groups=True)
+        batch = bus.fetch(step, task, fields, max_rows=rows_total - got, whole_groups=True, wait=WAIT_S)
         if batch is None:
             if timeout_s is not None and time.monotonic() - t0 > timeout_s:
                 raise TimeoutError(f"fetch_all: partition {step} gave {got} of {rows_total} rows to '{task}' "
                                    f"within {timeout_s} s")
-            time.sleep(poll_s)
             continue
         parts.append(batch)
         got += batch.size

@@ -362,10 +362,9 @@ class CostModel:
         call = (o.bus_call_s or o.rpc_s).at(self.b)
         return rows * o.bus_row_s.at(self.b) + nbytes / o.bus_bytes_per_s.at(self.b) + call
 
-    def poll_time(self) -> float:
-        """One empty fetch of an idle consumer (0 where the profile has none)."""
-        o = self.hw.overheads.bus_poll_s
-        return o.at(self.b) if o is not None else 0.0
+    def notice_time(self) -> float:
+        """A waiting consumer learns that rows landed: the producer's notice to the bus coordinator (one RPC)."""
+        return self.hw.overheads.rpc_s.at(self.b)
 
     def reward_time(self, rows: int) -> float:
         return rows * self.hw.overheads.reward_per_sample_s.at(self.b)

@@ -107,9 +107,6 @@ class Overheads(_Strict):
     # Fixed cost of one bus put+get (metadata round trips to TransferQueue's controller and the gate) besides its
     # rows; measured by `relax profile --ray`. Absent: one control RPC (rpc_s) stands in for it.
     bus_call_s: Sourced | None = None
-    # One fetch that finds nothing ready: what an idle consumer pays every relax.bus.POLL_S. Measured by `relax
-    # profile --ray`; the simulator charges it to the cores of a CPU profile (absent: idle consumers cost nothing).
-    bus_poll_s: Sourced | None = None
     bus_bytes_per_s: Sourced  # bus payload bandwidth
     sleep_wake_fixed_s: Sourced  # colocate: fixed part of one sleep + wake (allocator, graphs), besides the bytes
     optimizer_bytes_per_param: Sourced  # memory traffic of one optimizer step per parameter (Adam, fp32 master)

@@ -11,9 +11,8 @@ What it times, for the config's model, at the config's thread counts:
   (forward_mfu, forward_call_s); an AdamW step (optimizer_bytes_per_param);
 - rewards: the task's own score function per sample;
 - with --ray: a Ray actor round trip (rpc_s); the bus itself (relax.bus over TransferQueue): put_rows + fetch of
-  rollout-like rows at two batch sizes, the slope per row (bus_row_s) and the intercept per call (bus_call_s), and
-  a fetch that finds nothing (bus_poll_s, what an idle consumer pays per poll); a Ray object-store put + get of
-  64 MiB (bus_bytes_per_s). Without it those lines say "not measured" and keep the
+  rollout-like rows at two batch sizes, the slope per row (bus_row_s) and the intercept per call (bus_call_s); a Ray
+  object-store put + get of 64 MiB (bus_bytes_per_s). Without it those lines say "not measured" and keep the
   machine-independent default of the DESIGN notes.
 """
 
@@ -222,8 +221,6 @@ def _ray_costs(cfg: ExperimentConfig, prompt_tokens: float, reps: int = 9) -> di
                 return t
             small, large = G, max(16 * G, 128)
             sizes = {n: min(put_get(n) for _ in range(reps)) for n in (small, large)}  # the least disturbed
-            empty = next(steps)
-            poll = _best(lambda: bus.fetch(empty, "profile", ["response", "log_probs"], small), 2 * reps)
         finally:
             bus.close()
     row = max((sizes[large] - sizes[small]) / (large - small), 0.0)
@@ -231,7 +228,6 @@ def _ray_costs(cfg: ExperimentConfig, prompt_tokens: float, reps: int = 9) -> di
     return {"rpc_s": _m(rpc, "Ray actor round trip, mean of 50"),
             "bus_row_s": _m(row, f"relax.bus put_rows + fetch of {small} vs {large} rows (TransferQueue): the slope"),
             "bus_call_s": _m(call, f"relax.bus put_rows + fetch of {small} vs {large} rows: the intercept"),
-            "bus_poll_s": _m(poll, "relax.bus fetch of a partition with nothing ready"),
             "bus_bytes_per_s": _m(big.nbytes / max(t_big - t_tiny, 1e-9), "Ray put + get of 64 MiB")}
 
 

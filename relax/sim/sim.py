@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 
 import simpy
 
-from relax.bus import POLL_S
 from relax.bus.gate import can_start
 from relax.config import ConfigError, ExperimentConfig
 from relax.sim.cost import CostModel
@@ -147,6 +146,7 @@ class Simulation:
         self.max_inflight = cfg.rollout.max_inflight
         self.stream = cost.opt.stream_groups or self.max_inflight is not None
         self.partial = cfg.rollout.partial
+        self.notice = cost.notice_time()  # a waiting consumer's wake-up after rows land (Simulation.idle)
         hw = cost.hw
         self.cores = simpy.Container(self.env, capacity=int(hw.device.per_node.value),
                                      init=int(hw.device.per_node.value)) if hw.kind == "cpu" else None
@@ -164,19 +164,10 @@ class Simulation:
         yield self.cores.put(n)
 
     def idle(self, ev: simpy.Event):
-        """Wait for `ev` as the engine's consumers wait: a fetch, and while it finds nothing, a sleep of
-        relax.bus.POLL_S and another fetch. On a CPU profile each empty fetch takes a core (the consumer's and
-        TransferQueue's controller's CPU): idle consumers slow the roles that work. A consumer notices new data
-        at its next fetch, as in the engine."""
-        poll = self.cost.poll_time()
-        if self.cores is None or poll <= 0:
-            yield ev
-            return
-        while not ev.triggered:
-            yield self.env.timeout(POLL_S)
-            yield self.cores.get(1)
-            yield self.env.timeout(poll)
-            yield self.cores.put(1)
+        """Wait for `ev` as the engine's consumers wait (relax.bus.Bus.fetch `wait`): blocked in the bus
+        coordinator, using no core, until the producer's notice arrives -- one control RPC after the rows land."""
+        yield ev
+        yield self.env.timeout(self.notice)
 
     def span(self, role, name, step, start, **args) -> None:
         if self.record and self.env.now > start:

@@ -289,6 +289,37 @@ def test_a_partition_a_producer_died_in_still_clears(fresh: Bus):
     assert fresh.held_rows() == {1: 8 * G}
 
 
+def test_puts_writes_and_redeliveries_each_wake_a_consumer_waiting_on_the_partition(fresh: Bus):
+    """A consumer that found nothing waits in the coordinator on the partition's change count: every put, write and
+    redelivery bumps it. A missing notice would hold the wait for its whole 60 s and return the old count."""
+    from relax.fault.redelivery import redeliver
+
+    def changed(seen):
+        return ray.get(fresh._coord.wait_changed.remote(5, seen, 60.0))
+
+    c0 = changed(None)
+    fresh.put_rows(5, make_rows([50, 51]))
+    c1 = changed(c0)
+    batch = fresh.fetch(5, "reward", ["response_ids"], 2 * G)
+    fresh.write(batch, {"score": torch.ones(batch.size)})
+    c2 = changed(c1)
+    redeliver(fresh, "reward")
+    assert (c1, c2, changed(c2)) == (c0 + 1, c0 + 2, c0 + 3)
+
+
+def test_an_idle_fetch_waits_without_polling_and_wakes_when_rows_land(fresh: Bus, monkeypatch):
+    calls = []
+    once = fresh._fetch_once
+    monkeypatch.setattr(fresh, "_fetch_once", lambda *a: calls.append(a) or once(*a))
+    assert fresh.fetch(6, "reward", ["response_ids"], 2 * G, wait=0.5) is None
+    assert len(calls) <= 3  # a fetch, then waits on the change count (polling every few ms would be ~100)
+    threading.Timer(0.3, fresh.put_rows, args=(6, make_rows([60, 61]))).start()
+    t0 = time.monotonic()
+    got = fresh.fetch(6, "reward", ["response_ids"], 2 * G, wait=60.0)
+    assert got is not None and got.size == 2 * G and len(calls) <= 6
+    assert time.monotonic() - t0 < 30  # woken by the put, not by the end of the wait
+
+
 # ---- 3. whole groups under random readiness -----------------------------------------------------------------
 
 
