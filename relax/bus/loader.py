@@ -28,7 +28,7 @@ class StreamingLoader:
     Each micro-batch is whole groups whose summed `length_field` is <= `micro_batch_tokens` (or one group
     that alone exceeds it). It is yielded as soon as anything is ready rather than waiting to fill the
     budget: a trainer with nothing to do gains nothing by waiting. `wait_s` adds up the time spent inside
-    the iterator (polling and transferring), i.e. the trainer's wait for data.
+    the iterator (waiting and transferring), i.e. the trainer's wait for data.
     """
 
     def __init__(
@@ -66,9 +66,10 @@ class StreamingLoader:
                 # Pull more only while the groups on hand cannot fill a micro-batch.
                 if fetched < self.rows_total and pending_tokens < self.micro_batch_tokens:
                     left = self.rows_total - fetched
-                    # Nothing on hand: block until the partition changes (never past timeout_s).
-                    wait = 0.0 if pending else WAIT_S if self.timeout_s is None else \
-                        min(WAIT_S, max(self.timeout_s - (time.perf_counter() - t0), 0.0))
+                    wait = 0.0  # groups on hand: yield them rather than wait for more
+                    if not pending:  # nothing: block until the partition changes, never past timeout_s
+                        wait = WAIT_S if self.timeout_s is None else \
+                            min(WAIT_S, max(self.timeout_s - (time.perf_counter() - t0), 0.0))
                     got = self.bus.fetch(self.step, self.task, self.fields, left, whole_groups=True, wait=wait)
                     if got is not None:
                         fetched += got.size

@@ -15,7 +15,6 @@ Advantages and `train_partition(k)` (2) after it, before the Actor's step (the r
 
 from __future__ import annotations
 
-import time
 
 import ray
 import torch
