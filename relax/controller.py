@@ -30,7 +30,7 @@ from relax.metrics.alerts import AlertSink
 from relax.metrics.gpu import hardware_description
 from relax.metrics.sinks import build_reporter
 from relax.metrics.status import make_status
-from relax.metrics.telemetry import Telemetry, busy_seconds, chrome_trace
+from relax.metrics.telemetry import Telemetry, busy_seconds, chrome_trace, cpu_seconds
 from relax.models.warmup import warmup_state
 from relax.schedules import get_schedule, is_emulated, role_names
 from relax.schedules.context import RunContext
@@ -207,6 +207,8 @@ class Controller:
         busy = busy_seconds(spans, prev_end, end, self.names)
         row = {"step": k, "wall_time_s": round(end - self.t_start, 4), "step_time_s": round(step_s, 4),
                **{key: v for key, v in rec.items() if key != "step"}, "busy_s": busy,
+               # this machine's CPU seconds in each role's spans (real seconds, never compressed): beside busy_s
+               "cpu_s": cpu_seconds(spans, prev_end, end, self.names),
                "busy_share": {n: round(b / step_s, 4) if step_s > 0 else 0.0 for n, b in busy.items()},
                **self.colocate_extra.get(k, {})}
         if self.emu is not None:  # the same times in emulated hardware seconds (compression undone)
@@ -275,6 +277,16 @@ class Controller:
         self.folder.write_metrics(rows)
         return rows
 
+    def host_cpu_cores(self) -> float | None:
+        """Mean cores busy on this machine (user + nice + system, every process) from the first step's start to
+        the run's end (read at the end of the schedule's loop, just past the last step)."""
+        t0, t1 = getattr(self, "cpu_start", None), getattr(self, "cpu_end", None)
+        if t0 is None or t1 is None:
+            return None
+        busy = sum(getattr(t1, f) - getattr(t0, f) for f in ("user", "nice", "system"))
+        wall = sum(t1) - sum(t0)  # every CPU's seconds, idle included
+        return round(busy / wall * (os.cpu_count() or 1), 3) if wall > 0 else None
+
     def write_summary(self, rows: list[dict], t_start: float, spans: list[dict], account: list[int],
                       evals: dict) -> dict:
         cfg = self.cfg
@@ -283,6 +295,7 @@ class Controller:
         step_time = sum(r["step_time_s"] for r in steady) / len(steady)
         busy_total = busy_seconds(spans, t_start, t_start + train_s, self.names)
         busy_per_step = {n: sum(r["busy_s"][n] for r in steady) / len(steady) for n in self.names}
+        cpu_per_step = {n: sum(r["cpu_s"][n] for r in steady) / len(steady) for n in self.names}
         slowest = max(busy_per_step.values())
         expected = set(range(cfg.steps * cfg.rows_per_step))
         tail = rows[-max(1, len(rows) // 4):]
@@ -303,6 +316,11 @@ class Controller:
             "trainer_wait_share": round(sum(r["trainer_wait_s"] for r in steady) / sum(r["step_time_s"] for r in steady), 4),
             "busy_share": {n: round(v / train_s, 4) for n, v in busy_total.items()},
             "busy_per_step_s": {n: round(v, 4) for n, v in busy_per_step.items()},
+            # CPU seconds each role's process spent in its spans per step, and the machine's busy cores over the
+            # training (every process: roles, bus, Ray, the driver): with busy_per_step_s they say whether a
+            # role's work grew or it waited for a core
+            "cpu_per_step_s": {n: round(v, 4) for n, v in cpu_per_step.items()},
+            "host_cpu_cores": self.host_cpu_cores(),
             # Throughput against the bound set by the slowest role: 1.0 means that role never idles.
             "pipeline_efficiency": round(slowest / step_time, 4),
             "peak_memory_mb": round(self.memory.peak / 2**20, 1),
@@ -372,7 +390,7 @@ class Controller:
                     if self.emu is not None:
                         label += f", EMULATED {self.emu.cost.hw.name} GPUs at {self.emu.compression:g}x"
                     self.task_id = bar.add_task(f"{cfg.name} [{label}]", total=cfg.steps, reward=0.0)
-                    self.t_start = time.time()
+                    self.t_start, self.cpu_start = time.time(), psutil.cpu_times()
                     try:
                         get_schedule(cfg).run(self.ctx, self.supervisor, bar)  # relax/schedules/
                     except ray.exceptions.RayTaskError as err:  # a role stopped the run: keep what it did
@@ -381,6 +399,7 @@ class Controller:
                 spans = ray.get(self.telemetry.all_spans.remote())
                 self.all_spans = spans
                 self.t_end = max((r["end_time"] for r in self.records.values()), default=time.time())
+                self.cpu_end = psutil.cpu_times()
                 if error is not None:
                     account = self.supervisor.account(self.supervisor.dcs.topology()["latest"])
                 else:

@@ -4,9 +4,9 @@ its file names and formats. The controller writes through it; analysis, studies 
 | file | written by | content |
 |---|---|---|
 | config.yaml | controller | the resolved config |
-| metrics.jsonl | controller (jsonl sink), baseline parsers | one JSON object per training step: appended live as the run sees each step, rewritten whole at the end (every span counted in busy_s) |
+| metrics.jsonl | controller (jsonl sink), baseline parsers | one JSON object per training step: appended live as the run sees each step, rewritten whole at the end (every span counted in busy_s; cpu_s: the CPU seconds of each role's spans) |
 | events.jsonl | controller (jsonl sink) | one JSON object per event (`event`: recovery, heartbeat_timeout, fault, scale; then its fields), appended as it happens |
-| summary.json | controller | throughput, rewards, accounting, environment |
+| summary.json | controller | throughput, rewards, accounting, environment; busy and CPU seconds per step by role, the machine's busy cores |
 | recovery.json | supervisor | faults, recoveries, DCS totals, scale operations |
 | trace.json | controller | Chrome trace: one lane per role, a span per unit of work |
 | status.json | controller | live state while the run goes on (progress, rewards, busy shares, recoveries, alerts), final at the end |

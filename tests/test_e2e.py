@@ -21,10 +21,10 @@ pytestmark = pytest.mark.slow
 SMALL = ["rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.chunk_groups=2", "warmup.steps=40",
          "task.eval_size=16", "model.hidden_size=64", "model.intermediate_size=128"]
 STEP_FIELDS = {"step", "wall_time_s", "step_time_s", "reward_mean", "samples", "tokens", "staleness_mean",
-               "staleness_max", "trainer_wait_s", "weight_sync_s", "weight_version", "busy_s"}
+               "staleness_max", "trainer_wait_s", "weight_sync_s", "weight_version", "busy_s", "cpu_s"}
 SUMMARY_FIELDS = {"steps_per_hour", "tokens_per_s", "final_reward", "initial_reward", "environment",
                   "pipeline_efficiency", "trainer_wait_share", "peak_memory_mb", "samples_lost",
-                  "samples_duplicated", "eval_accuracy_start", "eval_accuracy_end"}
+                  "samples_duplicated", "eval_accuracy_start", "eval_accuracy_end", "cpu_per_step_s", "host_cpu_cores"}
 
 
 def _read(run_dir: Path):
@@ -37,13 +37,15 @@ def _check_run(run_dir: Path, steps: int, max_staleness: int, roles: set[str], p
     assert [r["step"] for r in rows] == list(range(steps))
     for r in rows:
         assert STEP_FIELDS <= set(r), STEP_FIELDS - set(r)
-        assert set(r["busy_s"]) == roles
+        assert set(r["busy_s"]) == roles and set(r["cpu_s"]) == roles
         assert 0 <= r["staleness_max"] <= max_staleness
         assert r["weight_version"] == r["step"] + 1
         assert r["samples"] == per_step
     assert SUMMARY_FIELDS <= set(summary), SUMMARY_FIELDS - set(summary)
     assert summary["samples_lost"] == 0 and summary["samples_duplicated"] == 0
     assert summary["samples_trained"] == steps * per_step
+    assert summary["cpu_per_step_s"]["actor"] > 0  # training is CPU work on this machine
+    assert 0 < summary["host_cpu_cores"] <= summary["environment"]["cpus"]
     lanes = {e["args"]["name"] for e in trace["traceEvents"] if e["ph"] == "M"}
     assert lanes == roles  # one lane per role in the Chrome trace
     assert (run_dir / "config.yaml").exists()

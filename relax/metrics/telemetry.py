@@ -1,7 +1,9 @@
 """Spans and per-step records from every role, gathered by one Telemetry actor.
 
-Each role keeps a `SpanRecorder`; spans (role, name, start, end, step) are shipped in small batches so
+Each role keeps a `SpanRecorder`; spans (role, name, start, end, step, cpu) are shipped in small batches so
 the controller can compute per-role busy time for each training step and write a Chrome trace at the end.
+A span's `cpu` is its process's CPU seconds over it (every thread: torch's, DCS's): beside its wall seconds it
+tells a role that waited for a core (wall > cpu) from work that itself grew (cpu up, e.g. caches shared).
 """
 
 from __future__ import annotations
@@ -18,15 +20,19 @@ class SpanRecorder:
         self.telemetry = telemetry
         self.flush_every = flush_every
         self.pending: list[dict] = []
+        self.depth = 0  # spans open in this process: only an outermost one carries `cpu` (no double count)
 
     @contextmanager
     def span(self, name: str, step: int | None = None, **args):
-        t0 = time.time()
+        t0, c0 = time.time(), time.process_time()
+        self.depth += 1
         try:
             yield args
         finally:
+            self.depth -= 1
+            cpu = time.process_time() - c0 if self.depth == 0 else 0.0
             self.pending.append({"role": self.role, "name": name, "start": t0, "end": time.time(), "step": step,
-                                 "args": args})
+                                 "cpu": cpu, "args": args})
             if len(self.pending) >= self.flush_every:
                 self.flush()
 
@@ -89,6 +95,13 @@ def union_seconds(intervals) -> float:
 def busy_seconds(spans: list[dict], t0: float, t1: float, roles: list[str]) -> dict[str, float]:
     """Seconds each role spent inside spans, clipped to the window [t0, t1] (overlapping spans merged)."""
     return {role: round(union_seconds((max(s["start"], t0), min(s["end"], t1)) for s in spans if s["role"] == role), 4)
+            for role in roles}
+
+
+def cpu_seconds(spans: list[dict], t0: float, t1: float, roles: list[str]) -> dict[str, float]:
+    """CPU seconds of each role's spans that end in [t0, t1) (a span's CPU cannot be split by time; a nested
+    span carries none, its outermost one all)."""
+    return {role: round(sum(s.get("cpu", 0.0) for s in spans if s["role"] == role and t0 <= s["end"] < t1), 4)
             for role in roles}
 
 

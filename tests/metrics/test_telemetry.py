@@ -32,3 +32,33 @@ def test_flush_returns_once_telemetry_holds_the_spans(local_ray, tmp_path):
     assert not mark.exists()  # below flush_every: nothing shipped yet
     rec.flush()
     assert mark.read_text() == "3" and rec.pending == []
+
+
+def _spin(seconds: float) -> None:
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+
+
+def test_span_carries_its_process_cpu_seconds_and_a_nested_one_none():
+    rec = SpanRecorder("actor", None, flush_every=100)
+    with rec.span("compute", step=0):
+        _spin(0.05)
+    with rec.span("wait", step=0):
+        time.sleep(0.1)  # wall time, next to no CPU
+    with rec.span("outer", step=1):
+        with rec.span("inner", step=1):
+            _spin(0.05)
+    cpu = {s["name"]: s["cpu"] for s in rec.pending}
+    assert cpu["compute"] >= 0.05 and cpu["wait"] < 0.05
+    assert cpu["inner"] == 0.0 and cpu["outer"] >= 0.05  # the outermost span carries it once
+
+
+def test_cpu_seconds_counts_each_span_in_the_window_it_ends_in():
+    from relax.metrics.telemetry import cpu_seconds
+
+    spans = [{"role": "actor", "start": 0.0, "end": 1.5, "cpu": 0.4},
+             {"role": "actor", "start": 1.5, "end": 2.5, "cpu": 0.3},
+             {"role": "rollout", "start": 0.5, "end": 0.9, "cpu": 0.2}]
+    assert cpu_seconds(spans, 0.0, 2.0, ["actor", "rollout", "reward"]) == {"actor": 0.4, "rollout": 0.2, "reward": 0.0}
+    assert cpu_seconds(spans, 2.0, 3.0, ["actor"]) == {"actor": 0.3}
