@@ -29,6 +29,7 @@ from pathlib import Path
 from relax.config import validate
 from relax.run_folder import RunFolder, latest_runs
 from relax.sim import build
+from relax.sim.output import metrics_rows, summarize
 
 ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = ROOT / "results" / "reference"
@@ -65,9 +66,18 @@ def predict(profile: Path, root: Path = REFERENCE) -> list[dict]:
         ends = [sim.step_end[k] for k in range(sim.steps)]
         pred = [b - a for a, b in zip([0.0] + ends, ends)][1:]
         meas = [m["step_time_s"] for m in folder.metrics()][1:]
-        load = folder.host_load() or {}
+        load, summ = folder.host_load() or {}, folder.summary()
         row = {"run": f"{key[0]}/{key[1]}", "folder": _rel(d), "steps": len(meas),
-               "host_load": [load.get("loadavg_before", [None])[0], load.get("loadavg_after", [None])[0]]}
+               "host_load": [load.get("loadavg_before", [None])[0], load.get("loadavg_after", [None])[0]],
+               # Where the time went, measured (None for runs older than the CPU accounting): the machine's busy
+               # cores over the training, and the roles' span seconds per step, wall (busy) and CPU. The SIMULATED
+               # busy is the CPU seconds the model has the roles hold cores for.
+               "host_cpu_cores": summ.get("host_cpu_cores"),
+               "roles_busy_per_step_s": round(sum(summ.get("busy_per_step_s", {}).values()), 4),
+               "roles_cpu_per_step_s": round(sum(summ["cpu_per_step_s"].values()), 4) if "cpu_per_step_s" in summ
+               else None,
+               "simulated_busy_per_step_s": round(sum(summarize(sim, metrics_rows(sim, "cpu"), "cpu", "cpu")
+                                                      ["busy_per_step_s"].values()), 4)}
         for stat, fn in (("mean", statistics.fmean), ("median", statistics.median)):
             m, p = fn(meas), fn(pred)
             row[stat] = {"measured_s": round(m, 4), "predicted_s": round(p, 4), "error": round(p / m - 1, 4)}
@@ -89,12 +99,15 @@ def markdown(rows, rat, profile, runs_root) -> str:
     lines = ["# Issue 14 gate 1: SIMULATED vs measured step time (aim: within 10%, judged on the median)", "",
              f"Profile: {profile} (measured by relax profile). Runs: {runs_root}.", "",
              "| run | measured median (s) | SIMULATED median (s) | error | measured mean (s) | SIMULATED mean (s) "
-             "| error | host load before -> after |", "|---|---|---|---|---|---|---|---|"]
+             "| error | host load before -> after | busy cores, measured | roles' busy / CPU s per step, measured "
+             "| roles' busy s per step (a core's wait included), SIMULATED |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         md, mn = r["median"], r["mean"]
         lines.append(f"| {r['run']} | {md['measured_s']:.4f} | {md['predicted_s']:.4f} | {md['error']:+.1%} | "
                      f"{mn['measured_s']:.4f} | {mn['predicted_s']:.4f} | {mn['error']:+.1%} | "
-                     f"{r['host_load'][0]} -> {r['host_load'][1]} |")
+                     f"{r['host_load'][0]} -> {r['host_load'][1]} | {r.get('host_cpu_cores')} | "
+                     f"{r.get('roles_busy_per_step_s')} / {r.get('roles_cpu_per_step_s')} | "
+                     f"{r.get('simulated_busy_per_step_s')} |")
     for stat in ("median", "mean"):
         lines += ["", f"| ratio of {stat} step times | measured | SIMULATED | error |", "|---|---|---|---|"]
         lines += [f"| {r['ratio']} | {r['measured']:.3f} | {r['predicted']:.3f} | {r['error']:+.1%} |"
