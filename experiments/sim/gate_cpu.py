@@ -71,7 +71,7 @@ def predict(profile: Path, root: Path = REFERENCE) -> list[dict]:
                "host_load": [load.get("loadavg_before", [None])[0], load.get("loadavg_after", [None])[0]],
                # Where the time went, measured (None for runs older than the CPU accounting): the machine's busy
                # cores over the training, and the roles' span seconds per step, wall (busy) and CPU. The SIMULATED
-               # busy is the CPU seconds the model has the roles hold cores for.
+               # busy is the roles' span seconds in the model, a wait for a core included (as measured busy is).
                "host_cpu_cores": summ.get("host_cpu_cores"),
                "roles_busy_per_step_s": round(sum(summ.get("busy_per_step_s", {}).values()), 4),
                "roles_cpu_per_step_s": round(sum(summ["cpu_per_step_s"].values()), 4) if "cpu_per_step_s" in summ

@@ -113,5 +113,6 @@ def chrome_trace(spans: list[dict], t0: float) -> dict:
     for s in spans:
         events.append({"name": s["name"], "ph": "X", "pid": 1, "tid": lane[s["role"]],
                        "ts": round((s["start"] - t0) * 1e6), "dur": round((s["end"] - s["start"]) * 1e6),
-                       "args": {"step": s["step"], **s["args"]}})
+                       "args": {"step": s["step"], **({"cpu_s": round(s["cpu"], 4)} if s.get("cpu") else {}),
+                                **s["args"]}})
     return {"traceEvents": events, "displayTimeUnit": "ms"}

@@ -62,3 +62,12 @@ def test_cpu_seconds_counts_each_span_in_the_window_it_ends_in():
              {"role": "rollout", "start": 0.5, "end": 0.9, "cpu": 0.2}]
     assert cpu_seconds(spans, 0.0, 2.0, ["actor", "rollout", "reward"]) == {"actor": 0.4, "rollout": 0.2, "reward": 0.0}
     assert cpu_seconds(spans, 2.0, 3.0, ["actor"]) == {"actor": 0.3}
+
+
+def test_chrome_trace_shows_a_spans_cpu_seconds():
+    from relax.metrics.telemetry import chrome_trace
+
+    spans = [{"role": "actor", "name": "train", "start": 1.0, "end": 1.5, "step": 0, "cpu": 0.25, "args": {}},
+             {"role": "actor", "name": "inner", "start": 1.1, "end": 1.2, "step": 0, "cpu": 0.0, "args": {}}]
+    x = [e for e in chrome_trace(spans, 1.0)["traceEvents"] if e["ph"] == "X"]
+    assert x[0]["args"] == {"step": 0, "cpu_s": 0.25} and x[1]["args"] == {"step": 0}
