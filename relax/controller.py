@@ -146,6 +146,7 @@ class Controller:
         self.reporter.sinks["alerts"] = self.alerts
         self.t_start: float | None = None  # the first step's start (set when the schedule starts)
         self.t_end: float | None = None  # the last step's end (set when the schedule returns)
+        self.cpu_start = self.cpu_end = None  # psutil.cpu_times() at t_start and when the schedule returns
         self.rows: dict[int, dict] = {}  # step -> its row as the sinks got it (status.json's curve)
         self.all_spans: list[dict] = []  # every span fetched so far (status.json's live busy shares)
         self.status_at = 0.0  # when status.json was last written
@@ -280,11 +281,13 @@ class Controller:
     def host_cpu_cores(self) -> float | None:
         """Mean cores busy on this machine (user + nice + system, every process) from the first step's start to
         the run's end (read at the end of the schedule's loop, just past the last step)."""
-        t0, t1 = getattr(self, "cpu_start", None), getattr(self, "cpu_end", None)
+        t0, t1 = self.cpu_start, self.cpu_end
         if t0 is None or t1 is None:
             return None
-        busy = sum(getattr(t1, f) - getattr(t0, f) for f in ("user", "nice", "system"))
-        wall = sum(t1) - sum(t0)  # every CPU's seconds, idle included
+        d = {f: getattr(t1, f) - getattr(t0, f) for f in t1._fields}
+        busy = d["user"] + d["nice"] + d["system"]
+        # every CPU's seconds, idle included; guest time is already inside user and nice (Linux)
+        wall = sum(d.values()) - d.get("guest", 0.0) - d.get("guest_nice", 0.0)
         return round(busy / wall * (os.cpu_count() or 1), 3) if wall > 0 else None
 
     def write_summary(self, rows: list[dict], t_start: float, spans: list[dict], account: list[int],
