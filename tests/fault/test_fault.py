@@ -373,8 +373,8 @@ def _live_role_pids(sup) -> dict[int, str]:
 
 @pytest.mark.slow
 def test_random_external_kills_through_a_whole_run_lose_nothing_and_each_is_recovered(tmp_path):
-    """Chaos: SIGKILLs from outside the engine (this test, by pid) of random role processes at random times, the
-    Actor included, through a whole run. Seeded (RELAX_CHAOS_SEED overrides): a failure names its seed and
+    """Chaos: SIGKILLs from outside the engine (this test, by pid) of random role processes at random points of
+    the run's steps, the Actor included, through a whole run. Seeded (RELAX_CHAOS_SEED overrides): a failure names its seed and
     repeats its choices. Every sample is trained exactly once and every kill has exactly one recovery event
     (its process's pid), recovered in place or by a global restart."""
     import os
@@ -391,7 +391,7 @@ def test_random_external_kills_through_a_whole_run_lose_nothing_and_each_is_reco
 
     seed = int(os.environ.get("RELAX_CHAOS_SEED", "20261201"))
     rng = random.Random(seed)
-    steps, max_kills = 10, 6
+    steps, max_kills = 10, 4
     cfg = load(ROOT / "experiments/async/cpu.yaml", [*TINY, f"steps={steps}", f"max_global_restart={max_kills}"])
     preflight(cfg, None)
     run_dir = RunFolder.create(tmp_path, cfg.name, cfg.profile, None).path
@@ -407,12 +407,18 @@ def test_random_external_kills_through_a_whole_run_lose_nothing_and_each_is_reco
     t = threading.Thread(target=run, daemon=True)
     t.start()
     kills = []  # (pid, role, time)
+    stepped = 0  # steps recorded when the last kill landed
+    # Kills follow the run's progress, not the clock (a fast machine finished a clock-paced run after one kill):
+    # each waits for a step after the previous kill and no restart under way, then a seeded delay into the next.
     while t.is_alive() and len(kills) < max_kills:
-        time.sleep(rng.uniform(1.0, 6.0))
+        time.sleep(0.05)
         sup = getattr(ctl, "supervisor", None)
         # Kill only while at least 3 steps remain: every role still has work, so each death is seen and recovered.
         if sup is None or not sup.pids or len(ctl.records) > steps - 3:
             continue
+        if len(ctl.records) <= stepped or sup.restarting:
+            continue
+        time.sleep(rng.uniform(0.0, 0.5))
         live = _live_role_pids(sup)
         if not live:
             continue
@@ -424,6 +430,7 @@ def test_random_external_kills_through_a_whole_run_lose_nothing_and_each_is_reco
         except (psutil.NoSuchProcess, ProcessLookupError):
             continue
         kills.append((pid, live[pid], time.time()))
+        stepped = len(ctl.records)
     t.join(timeout=1800)
     assert not t.is_alive(), f"seed {seed}: the run did not end"
     assert "error" not in result, f"seed {seed}, kills {kills}: {result.get('error')!r}"
