@@ -41,9 +41,12 @@ class ActorFwdRole(ModelRole):
         # emulated GPUs: the sample ids price the forward (their modelled lengths, relax/emulate/)
         return cls.fields + r3_fields(cfg) + input_fields(cfg) + ["sample_id"] * enabled(cfg)
 
-    def __init__(self, cfg, bus, telemetry, weights, threads, replica=None):
+    @classmethod
+    def membership(cls, cfg) -> dict:
         # Async: a DCS follower, so new versions arrive while it computes (as the rollout's engine does).
-        self.dcs_member = {"serve": True, "follow": cfg.mode == "async", "trainer": False}
+        return {"serve": True, "follow": cfg.mode == "async", "trainer": False}
+
+    def __init__(self, cfg, bus, telemetry, weights, threads, replica=None):
         super().__init__(cfg, bus, telemetry, weights, threads, replica)
         self.kept: dict[int, dict[str, torch.Tensor]] = {}  # version -> a copy of its weights
         self.keep = cfg.max_staleness + 2

@@ -45,7 +45,7 @@ class Role:
         self.rec = SpanRecorder(self.name, telemetry)
         self.rows_per_step = cfg.rows_per_step
         self.fields, self.outputs = self.reads(cfg), self.writes(cfg)
-        self.weights.join(self.name, replica, **self.dcs_member)
+        self.weights.join(self.name, replica, **self.membership(cfg))
         self.boot.mark("dcs_join")
 
     # --- declarations (class-level: read by the registry without starting the role) ----------------------
@@ -63,6 +63,11 @@ class Role:
     def writes(cls, cfg: ExperimentConfig) -> list[str]:
         """The bus fields this role writes under `cfg`."""
         return list(cls.outputs)
+
+    @classmethod
+    def membership(cls, cfg: ExperimentConfig) -> dict:
+        """Its part in the DCS under `cfg` (`DCS.join`'s serve / follow / trainer); `relax profile` reads it too."""
+        return dict(cls.dcs_member)
 
     @classmethod
     def train_reads(cls, cfg: ExperimentConfig) -> list[str]:

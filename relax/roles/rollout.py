@@ -42,9 +42,12 @@ class RolloutRole(ModelRole):
         return cls.outputs + ["ds_attempts"] * cfg.algorithm.dynamic_sampling.enabled + r3_fields(cfg) + \
             input_fields(cfg) + ["weight_version_last"] * cfg.rollout.partial  # partial rollout: the version span
 
-    def __init__(self, cfg, bus, telemetry, weights, threads, replica=None, queue=None):
+    @classmethod
+    def membership(cls, cfg) -> dict:
         # Async: a DCS follower (each new version is pulled in the background while the engine generates).
-        self.dcs_member = {"serve": True, "follow": cfg.mode == "async", "trainer": False}
+        return {"serve": True, "follow": cfg.mode == "async", "trainer": False}
+
+    def __init__(self, cfg, bus, telemetry, weights, threads, replica=None, queue=None):
         super().__init__(cfg, bus, telemetry, weights, threads, replica)
         r = cfg.rollout
         self.emu = emulator(cfg)  # emulated GPUs (relax/emulate/): synthetic tokens in the cost model's time

@@ -362,6 +362,18 @@ class CostModel:
         call = (o.bus_call_s or o.rpc_s).at(self.b)
         return rows * o.bus_row_s.at(self.b) + nbytes / o.bus_bytes_per_s.at(self.b) + call
 
+    def bus_parallel_cpu(self, rows: int) -> float:
+        """Core-seconds a bus call of `rows` rows burns in other processes besides its caller's wall time (TQ's
+        controller and storage, the bus coordinator): on a CPU profile they take a core from the roles."""
+        return self._fixed("bus_parallel_cpu_s") + rows * self._fixed("bus_parallel_cpu_row_s")
+
+    def core_share(self) -> float:
+        """The share of a CPU profile's cores left to the roles by the idle session's background (Ray, the bus,
+        DCS heartbeats): every piece of role work takes 1 / core_share() of its time. 1 on a GPU profile."""
+        if self.hw.kind != "cpu":
+            return 1.0
+        return max(1.0 - self._fixed("background_cores") / max(self.per_node, 1), 0.05)
+
     def notice_time(self) -> float:
         """A waiting consumer learns that rows landed: the producer's notice to the bus coordinator (one RPC)."""
         return self.hw.overheads.rpc_s.at(self.b)

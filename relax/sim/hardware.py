@@ -108,6 +108,13 @@ class Overheads(_Strict):
     # rows; measured by `relax profile --ray`. Absent: one control RPC (rpc_s) stands in for it.
     bus_call_s: Sourced | None = None
     bus_bytes_per_s: Sourced  # bus payload bandwidth
+    # A CPU profile's cores are shared with the run's infrastructure (`relax profile --ray` measures both; absent: 0,
+    # as on a GPU cluster, where they run on host cores the GPU work does not use): the core-seconds a bus put +
+    # fetch burns in other processes beyond its caller's wall time, per call and per row, and the busy cores of an
+    # idle session (Ray, the bus, DCS heartbeats and long polls).
+    bus_parallel_cpu_s: Sourced | None = None
+    bus_parallel_cpu_row_s: Sourced | None = None
+    background_cores: Sourced | None = None
     sleep_wake_fixed_s: Sourced  # colocate: fixed part of one sleep + wake (allocator, graphs), besides the bytes
     optimizer_bytes_per_param: Sourced  # memory traffic of one optimizer step per parameter (Adam, fp32 master)
     reward_per_sample_s: Sourced  # rule reward (math-verify) per sample, on a CPU worker

@@ -14,6 +14,11 @@ What it times, for the config's model, at the config's thread counts:
   rollout-like rows at two batch sizes, the slope per row (bus_row_s) and the intercept per call (bus_call_s); a Ray
   object-store put + get of 64 MiB (bus_bytes_per_s). Without it those lines say "not measured" and keep the
   machine-independent default of the DESIGN notes.
+- with --ray, the run's infrastructure on the machine's cores (what a CPU profile's roles share them with): the
+  machine-wide busy cores of an idle session -- Ray, the bus, the DCS coordinator and one heartbeating DCS member
+  per role process of the config (background_cores) -- and the CPU a bus put + fetch burns across all processes
+  beyond its caller's wall time (bus_parallel_cpu_s per call, bus_parallel_cpu_row_s per row: TransferQueue's
+  controller and storage and the bus coordinator working at once).
 """
 
 from __future__ import annotations
@@ -34,6 +39,14 @@ def _best(fn, reps: int = 5) -> float:
         fn()
         times.append(time.perf_counter() - t0)
     return min(times)  # the least-disturbed repetition: other processes only ever add time
+
+
+def machine_busy_s() -> float:
+    """Core-seconds every process of this machine has been busy since boot (psutil; 10 ms ticks on Linux)."""
+    import psutil
+
+    c = psutil.cpu_times()
+    return sum(getattr(c, f, 0.0) for f in ("user", "nice", "system", "irq", "softirq", "steal"))
 
 
 def _m(value: float, how: str, **band) -> dict:
@@ -210,25 +223,88 @@ def _ray_costs(cfg: ExperimentConfig, prompt_tokens: float, reps: int = 9) -> di
                         "response": [torch.zeros(L, dtype=torch.int32)] * n, "log_probs": [torch.zeros(L)] * n}
 
             def put_get(n):
+                """(wall seconds, machine core-seconds, window seconds) of one put + fetch of n rows; the window
+                runs on for SETTLE_S so the bus's follow-up work (the coordinator's change notices) lands in it."""
                 k, data = next(steps), rows(n)
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), machine_busy_s()
                 bus.put_rows(k, data)
                 got = bus.fetch(k, "profile", ["response", "log_probs"], n)
                 t = time.perf_counter() - t0
+                time.sleep(SETTLE_S)
+                cpu, window = machine_busy_s() - c0, time.perf_counter() - t0
                 if got is None or got.size != n:
                     raise RuntimeError(f"relax profile: the bus returned {got and got.size} of {n} rows")
                 bus.clear(k)
-                return t
+                return t, cpu, window
             small, large = G, max(16 * G, 128)
-            sizes = {n: min(put_get(n) for _ in range(reps)) for n in (small, large)}  # the least disturbed
+            runs = {n: [put_get(n) for _ in range(reps)] for n in (small, large)}
+            background = _background_cores(cfg)  # with the bus up, as in a run
         finally:
             bus.close()
+    sizes = {n: min(w for w, _, _ in r) for n, r in runs.items()}  # the least disturbed
     row = max((sizes[large] - sizes[small]) / (large - small), 0.0)
     call = max(sizes[small] - row * small, 0.0)
+    # The CPU beyond the caller's wall: the machine's core-seconds in the window, less the idle session's
+    # background over it, less the wall (one core busy at a time is what the caller's own lane already holds).
+    extra = {n: sum(c - background * win - w for w, c, win in r) / len(r) for n, r in runs.items()}
+    prow = max((extra[large] - extra[small]) / (large - small), 0.0)
+    pcall = max(extra[small] - prow * small, 0.0)
+    how = (f"relax.bus put_rows + fetch of {small} vs {large} rows: the machine's core-seconds (psutil, all "
+           f"processes, mean of {reps}) less the idle session's background and the wall")
     return {"rpc_s": _m(rpc, "Ray actor round trip, mean of 50"),
             "bus_row_s": _m(row, f"relax.bus put_rows + fetch of {small} vs {large} rows (TransferQueue): the slope"),
             "bus_call_s": _m(call, f"relax.bus put_rows + fetch of {small} vs {large} rows: the intercept"),
+            "bus_parallel_cpu_s": _m(pcall, f"{how}: the intercept"),
+            "bus_parallel_cpu_row_s": _m(prow, f"{how}: the slope"),
+            "background_cores": _m(background, f"machine-wide busy cores (psutil) over {BACKGROUND_S:g} s of an idle "
+                                   "session: Ray, the bus, the DCS coordinator, the driver and one DCS member per "
+                                   "role process heartbeating; the driver's supervisor loop not included"),
             "bus_bytes_per_s": _m(big.nbytes / max(t_big - t_tiny, 1e-9), "Ray put + get of 64 MiB")}
+
+
+SETTLE_S = 0.05  # after a bus put + fetch, how long its follow-up work may still run (its CPU window)
+BACKGROUND_S = 4.0  # how long the idle session's cores are watched
+
+
+def _background_cores(cfg: ExperimentConfig) -> float:
+    """Machine-wide busy cores of an idle session of `cfg` (Ray and the bus already up): the DCS coordinator, this
+    process as the driver's DCS member, and one idle Ray actor per role process of the run, each joined to the DCS
+    as its role joins (heartbeating, serving, following)."""
+    import ray
+
+    from relax.fault.supervisor import Supervisor
+    from relax.metrics.telemetry import Telemetry
+    from relax.roles.registry import ROLES
+    from relax.schedules import role_names
+
+    @ray.remote(num_cpus=0)
+    class Member:
+        def __init__(self, dcs, name: str, member: dict):
+            self.dcs = dcs
+            dcs.join(name, **member)
+
+        def leave(self) -> None:
+            self.dcs.leave()
+
+    dcs = Supervisor.start_dcs(cfg)
+    members = []
+    try:
+        dcs.join("driver", serve=True, follow=True, durable=True)
+        telemetry = Telemetry.remote()
+        names = [n for n in role_names(cfg) if n != "rollout"] + ["rollout"] * cfg.rollout.replicas
+        members = [Member.remote(dcs, n, ROLES[n].membership(cfg)) for n in names]
+        ray.get([m.__ray_ready__.remote() for m in members] + [telemetry.__ray_ready__.remote()])
+        time.sleep(1.0)  # the members' first beats and long polls start
+        t0, c0 = time.perf_counter(), machine_busy_s()
+        time.sleep(BACKGROUND_S)
+        return (machine_busy_s() - c0) / (time.perf_counter() - t0)
+    finally:
+        for m in members:
+            try:
+                ray.get(m.leave.remote(), timeout=10)
+            except Exception:  # noqa: BLE001 -- a member that cannot leave is killed with the session
+                pass
+        dcs.close()
 
 
 def register(sub) -> None:

@@ -150,6 +150,7 @@ class Simulation:
         hw = cost.hw
         self.cores = simpy.Container(self.env, capacity=int(hw.device.per_node.value),
                                      init=int(hw.device.per_node.value)) if hw.kind == "cpu" else None
+        self.share = cost.core_share()  # of each core, what the session's background leaves the roles
 
     # --- helpers ------------------------------------------------------------------------------------------
     def busy(self, role: str, seconds: float):
@@ -160,8 +161,20 @@ class Simulation:
             return
         n = min(getattr(self.cfg.resources, role).threads, self.cores.capacity)
         yield self.cores.get(n)
-        yield self.env.timeout(seconds)
+        yield self.env.timeout(seconds / self.share)
         yield self.cores.put(n)
+
+    def bus_time(self, rows: int, nbytes: float, calls: int = 1) -> float:
+        """The caller's seconds for `calls` bus calls of these rows. On a CPU profile the bus's other processes
+        burn CPU besides (cost.bus_parallel_cpu): that takes a core of its own meanwhile, the caller not waiting."""
+        if self.cores is not None and (cpu := calls * self.cost.bus_parallel_cpu(rows)) > 0:
+            self.env.process(self._bus_cpu(cpu))
+        return calls * self.cost.bus_time(rows, nbytes)
+
+    def _bus_cpu(self, seconds: float):
+        yield self.cores.get(1)
+        yield self.env.timeout(seconds / self.share)
+        yield self.cores.put(1)
 
     def idle(self, ev: simpy.Event):
         """Wait for `ev` as the engine's consumers wait (relax.bus.Bus.fetch `wait`): blocked in the bus
@@ -199,12 +212,13 @@ class Simulation:
             n = min(self.cfg.resources.rollout.threads, self.cores.capacity) if self.cores is not None else 0
             if n:  # a CPU profile: the call holds the rollout's cores throughout, as busy() does
                 yield self.cores.get(n)
+                dur, fin = dur / self.share, [f / self.share for f in fin]
             yield from self.stream_chunk(r, k, groups, t0, dur, fin)
             if n:
                 yield self.cores.put(n)
             return
         rows, nbytes = self.rows_bytes(k, groups)
-        yield from self.busy("rollout", dur + self.cost.bus_time(rows, nbytes))
+        yield from self.busy("rollout", dur + self.bus_time(rows, nbytes))
         for g in groups:
             self.group_version[k][g] = self.loaded[r]
         self.order[k].extend(groups)
@@ -220,8 +234,8 @@ class Simulation:
         first = self.loaded[r]  # the version the call started with: the one the staleness bound applies to
         paused = 0.0  # partial rollout: seconds this call stood still loading versions that arrived during it
         for end, g in sorted(ends):
-            rows, nbytes = self.rows_bytes(k, [g])
-            while (wait := t0 + paused + end + self.cost.bus_time(rows, nbytes) - self.env.now) > 0:
+            put = self.bus_time(*self.rows_bytes(k, [g]))
+            while (wait := t0 + paused + end + put - self.env.now) > 0:
                 paused += yield from self.wait_or_load(r, k, wait)
             self.group_version[k][g] = first
             self.order[k].append(g)
@@ -295,7 +309,7 @@ class Simulation:
                 groups = self.order[k][done:done + avail]
                 t0 = self.env.now
                 rows, nbytes = self.rows_bytes(k, groups)
-                yield from self.busy(role, work(k, groups) + self.cost.bus_time(rows, nbytes))
+                yield from self.busy(role, work(k, groups) + self.bus_time(rows, nbytes))
                 self.span(role, name, k, t0, rows=rows)
                 done += avail
                 self.fields[output].add(k, avail)
@@ -345,7 +359,7 @@ class Simulation:
 
     def fetch(self, role: str, k: int, groups: list[int]):
         """One bus fetch of these groups' rows by `role` (a call, its rows, its bytes)."""
-        yield from self.busy(role, self.cost.bus_time(*self.rows_bytes(k, groups)))
+        yield from self.busy(role, self.bus_time(*self.rows_bytes(k, groups)))
 
     def finish_step(self, k: int, publish: bool = True):
         t0 = self.env.now
@@ -457,7 +471,7 @@ class Simulation:
             stages.append(("advantages", "advantages", self._advantages))
             for role, name, work in stages:
                 t0 = self.env.now
-                yield from self.busy(role, work(k, groups) + self.cost.bus_time(rows, nbytes) + self.cost.rpc)
+                yield from self.busy(role, work(k, groups) + self.bus_time(rows, nbytes) + self.cost.rpc)
                 self.span(role, name, k, t0, rows=rows)
             yield from self.fetch("actor", k, groups)
             m = self.expected_micro_batches(k)
@@ -567,7 +581,7 @@ class Simulation:
     def _ref_call(self, k, groups):
         t0 = self.env.now
         rows, nbytes = self.rows_bytes(k, groups)
-        yield from self.busy("reference", self._ref(k, groups) + 2 * self.cost.bus_time(rows, nbytes) + self.cost.rpc)
+        yield from self.busy("reference", self._ref(k, groups) + self.bus_time(rows, nbytes, calls=2) + self.cost.rpc)
         self.span("reference", "ref_log_probs", k, t0, rows=rows)
 
     # --- run ------------------------------------------------------------------------------------------------

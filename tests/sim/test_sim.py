@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import os
 import random
 
 import pytest
@@ -342,6 +343,38 @@ def test_colocate_pays_one_bus_call_per_stage_and_one_fetch_for_the_actor():
         assert t == pytest.approx(t0 + 4 * 0.25, rel=1e-9)
 
 
+def _cpu_profile(cores: int, **overheads) -> dict:
+    hw = _free_profile()
+    hw["kind"] = "cpu"
+    hw["device"]["per_node"] = {"value": cores, "source": "assumed; test"}
+    for name, value in overheads.items():
+        hw["overheads"][name] = {"value": value, "source": "assumed; test"}
+    return hw
+
+
+def test_the_sessions_background_cores_stretch_every_piece_of_role_work():
+    """background_cores b on P cores leaves the roles 1 - b/P of each: colocate, where every second passes in a
+    role's work, takes exactly 1 / (1 - b/P) as long."""
+    cfg = _cfg(mode="colocate", max_staleness=0)
+    base = _step_times(_sim(cfg, _cpu_profile(2, bus_call_s=0.25)).run())
+    loaded = _step_times(_sim(cfg, _cpu_profile(2, bus_call_s=0.25, background_cores=0.5)).run())
+    assert base[0] > 0
+    for t, t0 in zip(loaded, base):
+        assert t == pytest.approx(t0 / 0.75, rel=1e-9)
+
+
+@pytest.mark.parametrize("cores", [1, 2])
+def test_a_bus_calls_parallel_cpu_takes_a_core_the_caller_does_not_wait_for(cores):
+    """bus_parallel_cpu_s Y: each of colocate's 4 bus calls a step burns Y more in the bus's own processes. On one
+    core the next stage waits for it (+4Y a step); on two it runs beside the caller's lane and costs no time."""
+    cfg = _cfg(mode="colocate", max_staleness=0)
+    base = _step_times(_sim(cfg, _cpu_profile(cores, bus_call_s=0.25)).run())
+    busy = _step_times(_sim(cfg, _cpu_profile(cores, bus_call_s=0.25, bus_parallel_cpu_s=0.125)).run())
+    extra = 4 * 0.125 if cores == 1 else 0.0
+    for t, t0 in zip(busy, base):
+        assert t == pytest.approx(t0 + extra, rel=1e-9)
+
+
 def test_an_idle_consumer_holds_no_core_and_wakes_one_notice_after_the_rows_land():
     """As relax.bus.Bus.fetch(wait=...) waits: blocked in the coordinator, not polling, so on a CPU profile every
     core stays free while it waits; it goes on one control RPC (the producer's notice) after the event."""
@@ -378,6 +411,9 @@ def test_profile_with_ray_times_the_bus_itself():
     for name in ("bus_row_s", "bus_call_s"):
         assert costs[name]["source"].startswith("measured (relax.bus"), name
     assert costs["bus_call_s"]["value"] > 0
+    # The infrastructure's share of the cores: an idle session is never free (Ray, heartbeats), never the machine.
+    assert 0 < costs["background_cores"]["value"] < (os.cpu_count() or 1)
+    assert {"bus_parallel_cpu_s", "bus_parallel_cpu_row_s"} <= set(costs)
     hw = _free_profile()
     hw["overheads"].update(costs)
     assert HardwareProfile.model_validate(hw).overheads.bus_call_s.value == costs["bus_call_s"]["value"]
