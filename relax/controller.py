@@ -26,6 +26,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from relax.api.scaling import TERMINAL as TERMINAL_SCALE
 from relax.bus import Bus
 from relax.config import ExperimentConfig, dump_config
+from relax.metrics import processes
 from relax.metrics.alerts import AlertSink
 from relax.metrics.gpu import hardware_description
 from relax.metrics.sinks import build_reporter
@@ -59,13 +60,24 @@ def nonfinite_account(rows: list[dict]) -> dict:
 
 class MemoryMeter:
     """Peak proportional set size of the driver and every process it started (the whole Ray session), sampled every
-    `every_s` on a thread of its own while in use (`with meter:`). Reading PSS costs ~6 ms a process (smaps), ~0.1 s
-    for a run's ~16 processes: on the driver's loop it lengthened every colocate step by that much."""
+    `every_s` on a thread of its own while in use (`with meter:`). Reading PSS costs ~5 ms a process (smaps), ~0.1 s
+    of CPU for a run's ~20 processes: read every second it took 0.1 of a core, 5% of a 2-core machine, from the
+    run it measured (on the driver's loop it had lengthened every colocate step by 0.1 s). So each tick reads the
+    resident sets (statm, ~50 us a process) and reads PSS only when their sum has grown by over GROWTH past any sum
+    seen at a PSS read, or `pss_every_s` has passed. With no more pages resident, PSS can grow only by shared pages
+    turning private (copy-on-write after a fork: Ray spawns its workers, it does not fork them), which the periodic
+    read still catches; the peak may read up to GROWTH low between those reads."""
 
-    def __init__(self, every_s: float = 1.0):
+    GROWTH = 0.01
+
+    def __init__(self, every_s: float = 1.0, pss_every_s: float = 10.0):
         self.me = psutil.Process()
         self.peak = 0
         self.every_s = every_s
+        self.pss_every_s = pss_every_s
+        self.rss_read = -1  # the largest resident-set sum seen at a PSS read
+        self.pss_at = float("-inf")  # when PSS was last read
+        self.pss_reads = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -79,21 +91,30 @@ class MemoryMeter:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        self.sample()
+        self.sample(force=True)
 
     def _loop(self) -> None:
         self.sample()
         while not self._stop.wait(self.every_s):
             self.sample()
 
-    def sample(self) -> None:
+    def sample(self, force: bool = False) -> None:
+        procs, rss = [self.me, *self.me.children(recursive=True)], 0
+        for p in procs:
+            try:
+                rss += p.memory_info().rss
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        if not force and rss <= self.rss_read * (1 + self.GROWTH) and time.monotonic() - self.pss_at < self.pss_every_s:
+            return
         total = 0
-        for p in [self.me, *self.me.children(recursive=True)]:
+        for p in procs:
             try:
                 info = p.memory_full_info()
                 total += getattr(info, "pss", info.rss)
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
+        self.rss_read, self.pss_at, self.pss_reads = max(self.rss_read, rss), time.monotonic(), self.pss_reads + 1
         self.peak = max(self.peak, total)
 
 
@@ -147,6 +168,7 @@ class Controller:
         self.t_start: float | None = None  # the first step's start (set when the schedule starts)
         self.t_end: float | None = None  # the last step's end (set when the schedule returns)
         self.cpu_start = self.cpu_end = None  # psutil.cpu_times() at t_start and when the schedule returns
+        self.procs_start = self.procs_end = None  # relax.metrics.processes snapshots at the same two points
         self.rows: dict[int, dict] = {}  # step -> its row as the sinks got it (status.json's curve)
         self.all_spans: list[dict] = []  # every span fetched so far (status.json's live busy shares)
         self.status_at = 0.0  # when status.json was last written
@@ -324,6 +346,10 @@ class Controller:
             # role's work grew or it waited for a core
             "cpu_per_step_s": {n: round(v, 4) for n, v in cpu_per_step.items()},
             "host_cpu_cores": self.host_cpu_cores(),
+            # ...and how those cores split by process (relax/metrics/processes.py): core-seconds per step over the
+            # whole training, step 0 included, of the driver, each Ray actor class and each Ray daemon
+            "cpu_by_process_per_step_s": processes.cpu_by_process(self.procs_start, self.procs_end, len(rows))
+            if self.procs_start is not None and self.procs_end is not None else None,
             # Throughput against the bound set by the slowest role: 1.0 means that role never idles.
             "pipeline_efficiency": round(slowest / step_time, 4),
             "peak_memory_mb": round(self.memory.peak / 2**20, 1),
@@ -393,6 +419,7 @@ class Controller:
                     if self.emu is not None:
                         label += f", EMULATED {self.emu.cost.hw.name} GPUs at {self.emu.compression:g}x"
                     self.task_id = bar.add_task(f"{cfg.name} [{label}]", total=cfg.steps, reward=0.0)
+                    self.procs_start = processes.snapshot()  # before t_start: its own ~20 ms is not the run's
                     self.t_start, self.cpu_start = time.time(), psutil.cpu_times()
                     try:
                         get_schedule(cfg).run(self.ctx, self.supervisor, bar)  # relax/schedules/
@@ -403,6 +430,7 @@ class Controller:
                 self.all_spans = spans
                 self.t_end = max((r["end_time"] for r in self.records.values()), default=time.time())
                 self.cpu_end = psutil.cpu_times()
+                self.procs_end = processes.snapshot()
                 if error is not None:
                     account = self.supervisor.account(self.supervisor.dcs.topology()["latest"])
                 else:
