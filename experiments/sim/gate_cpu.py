@@ -77,12 +77,36 @@ def predict(profile: Path, root: Path = REFERENCE) -> list[dict]:
                "roles_cpu_per_step_s": round(sum(summ["cpu_per_step_s"].values()), 4) if "cpu_per_step_s" in summ
                else None,
                "simulated_busy_per_step_s": round(sum(summarize(sim, metrics_rows(sim, "cpu"), "cpu", "cpu")
-                                                      ["busy_per_step_s"].values()), 4)}
+                                                      ["busy_per_step_s"].values()), 4),
+               # The machine's core-seconds a step, measured (busy cores x the mean step) and by process group
+               # (summary.json cpu_by_process_per_step_s, steps 0.. included), beside the cores the model holds
+               "core_s_per_step": round(summ["host_cpu_cores"] * summ["mean_step_time_s"], 4)
+               if summ.get("host_cpu_cores") else None,
+               "core_s_by_group": group_cpu(summ.get("cpu_by_process_per_step_s")),
+               "simulated_core_s_per_step": round(sim.core_s / sim.steps, 4)}
         for stat, fn in (("mean", statistics.fmean), ("median", statistics.median)):
             m, p = fn(meas), fn(pred)
             row[stat] = {"measured_s": round(m, 4), "predicted_s": round(p, 4), "error": round(p / m - 1, 4)}
         rows.append(row)
     return rows
+
+
+# How the gate groups the run's processes (relax/metrics/processes.py labels): what the model puts on the cores
+# (the roles; the bus, through the callers' wall; the background: Ray, DCS) and what it leaves off (the driver).
+GROUPS = {"roles": lambda n: n.endswith("Role"),
+          "bus": lambda n: n in ("ray::TransferQueueController", "ray::SimpleStorageUnit", "ray::Coordinator",
+                                 "ray::GroupQueue"),
+          "DCS": lambda n: n == "ray::DCSCoordinator",
+          "driver": lambda n: n == "driver"}
+
+
+def group_cpu(by_process: dict | None) -> dict | None:
+    if not by_process:
+        return None
+    out = {g: 0.0 for g in [*GROUPS, "Ray and the rest"]}
+    for name, v in by_process.items():
+        out[next((g for g, match in GROUPS.items() if match(name)), "Ray and the rest")] += v
+    return {g: round(v, 4) for g, v in out.items()}
 
 
 def ratios(rows: list[dict], stat: str) -> list[dict]:
@@ -108,6 +132,16 @@ def markdown(rows, rat, profile, runs_root) -> str:
                      f"{r['host_load'][0]} -> {r['host_load'][1]} | {r.get('host_cpu_cores')} | "
                      f"{r.get('roles_busy_per_step_s')} / {r.get('roles_cpu_per_step_s')} | "
                      f"{r.get('simulated_busy_per_step_s')} |")
+    lines += ["", "Where the cores go, core-seconds per step: the machine's (busy cores x mean step) and by process, "
+              "measured, beside the cores the model holds (roles' work, the bus's own CPU, stretched by the idle "
+              "session's background), SIMULATED.", "",
+              "| run | machine, measured | " + " | ".join(f"{g}, measured" for g in [*GROUPS, "Ray and the rest"])
+              + " | cores held, SIMULATED |", "|---|---|" + "---|" * (len(GROUPS) + 2)]
+    for r in rows:
+        g = r.get("core_s_by_group") or {}
+        lines.append(f"| {r['run']} | {r.get('core_s_per_step')} | "
+                     + " | ".join(str(g.get(k)) for k in [*GROUPS, "Ray and the rest"])
+                     + f" | {r.get('simulated_core_s_per_step')} |")
     for stat in ("median", "mean"):
         lines += ["", f"| ratio of {stat} step times | measured | SIMULATED | error |", "|---|---|---|---|"]
         lines += [f"| {r['ratio']} | {r['measured']:.3f} | {r['predicted']:.3f} | {r['error']:+.1%} |"

@@ -151,6 +151,7 @@ class Simulation:
         self.cores = simpy.Container(self.env, capacity=int(hw.device.per_node.value),
                                      init=int(hw.device.per_node.value)) if hw.kind == "cpu" else None
         self.share = cost.core_share()  # of each core, what the session's background leaves the roles
+        self.core_s = 0.0  # CPU profile: core-seconds the cores were held (roles' work and the bus's own CPU)
 
     # --- helpers ------------------------------------------------------------------------------------------
     def busy(self, role: str, seconds: float):
@@ -162,6 +163,7 @@ class Simulation:
         n = min(getattr(self.cfg.resources, role).threads, self.cores.capacity)
         yield self.cores.get(n)
         yield self.env.timeout(seconds / self.share)
+        self.core_s += n * seconds / self.share
         yield self.cores.put(n)
 
     def bus_time(self, rows: int, nbytes: float, calls: int = 1) -> float:
@@ -174,6 +176,7 @@ class Simulation:
     def _bus_cpu(self, seconds: float):
         yield self.cores.get(1)
         yield self.env.timeout(seconds / self.share)
+        self.core_s += seconds / self.share
         yield self.cores.put(1)
 
     def idle(self, ev: simpy.Event):
@@ -213,8 +216,10 @@ class Simulation:
             if n:  # a CPU profile: the call holds the rollout's cores throughout, as busy() does
                 yield self.cores.get(n)
                 dur, fin = dur / self.share, [f / self.share for f in fin]
+            t1 = self.env.now
             yield from self.stream_chunk(r, k, groups, t0, dur, fin)
             if n:
+                self.core_s += n * (self.env.now - t1)
                 yield self.cores.put(n)
             return
         rows, nbytes = self.rows_bytes(k, groups)
