@@ -24,7 +24,8 @@ STEP_FIELDS = {"step", "wall_time_s", "step_time_s", "reward_mean", "samples", "
                "staleness_max", "trainer_wait_s", "weight_sync_s", "weight_version", "busy_s", "cpu_s"}
 SUMMARY_FIELDS = {"steps_per_hour", "tokens_per_s", "final_reward", "initial_reward", "environment",
                   "pipeline_efficiency", "trainer_wait_share", "peak_memory_mb", "samples_lost",
-                  "samples_duplicated", "eval_accuracy_start", "eval_accuracy_end", "cpu_per_step_s", "host_cpu_cores"}
+                  "samples_duplicated", "eval_accuracy_start", "eval_accuracy_end", "cpu_per_step_s", "host_cpu_cores",
+                  "cpu_by_process_per_step_s"}
 
 
 def _read(run_dir: Path):
@@ -46,6 +47,10 @@ def _check_run(run_dir: Path, steps: int, max_staleness: int, roles: set[str], p
     assert summary["samples_trained"] == steps * per_step
     assert summary["cpu_per_step_s"]["actor"] > 0  # training is CPU work on this machine
     assert 0 < summary["host_cpu_cores"] <= summary["environment"]["cpus"]
+    # By process: the driver, the Actor's process under its Ray title, the bus's own processes
+    by_process = summary["cpu_by_process_per_step_s"]
+    assert {"driver", "ray::ActorRole", "ray::TransferQueueController"} <= set(by_process), by_process
+    assert by_process["ray::ActorRole"] >= summary["cpu_per_step_s"]["actor"] * 0.9  # its spans are inside it
     lanes = {e["args"]["name"] for e in trace["traceEvents"] if e["ph"] == "M"}
     assert lanes == roles  # one lane per role in the Chrome trace
     assert (run_dir / "config.yaml").exists()
