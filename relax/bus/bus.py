@@ -264,7 +264,7 @@ class Bus:
         except BaseException:
             _get(self._coord.release.remote(step, n))
             raise
-        self.touch(step)
+        self.touch(step, list(td.keys()))
         return list(meta.global_indexes)
 
     def fetch(self, step: int, task: str, fields: list[str], max_rows: int, whole_groups: bool = False,
@@ -283,12 +283,13 @@ class Bus:
             left = deadline - time.monotonic()
             if batch is not None or left <= 0:
                 return batch
-            seen = _get(self._coord.wait_changed.remote(step, seen, left))
+            seen = _get(self._coord.wait_changed.remote(step, seen, left, list(fields)))
 
-    def touch(self, step: int) -> None:
-        """Rows of partition `step` landed or became fetchable again (a redelivery): wake its waiting consumers.
-        Sent without waiting; it follows this process's TQ call, so a woken consumer finds the rows."""
-        self._coord.touch.remote(step)
+    def touch(self, step: int, fields: list[str] | None = None) -> None:
+        """Rows of partition `step` landed with `fields`, or (None) became fetchable again (a redelivery): wake the
+        consumers waiting on it for one of those fields. Sent without waiting; it follows this process's TQ call,
+        so a woken consumer finds the rows."""
+        self._coord.touch.remote(step, fields)
 
     def _fetch_once(self, step: int, task: str, fields: list[str], max_rows: int, whole_groups: bool) -> Batch | None:
         client = self._tq()
@@ -311,7 +312,7 @@ class Bus:
         meta = BatchMeta(batch.indexes, [partition_id(batch.step)] * n, custom_meta=batch.row_meta)
         client = self._tq()
         client.put(data=to_tensordict(fields), metadata=meta)
-        self.touch(batch.step)
+        self.touch(batch.step, list(fields))
 
     def clear(self, step: int) -> None:
         """Drop partition `step` (once trained) and free its capacity."""

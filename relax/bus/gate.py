@@ -43,6 +43,9 @@ class Coordinator:
         self.held: dict[int, int] = {}  # rows held per partition (reserved by puts, freed by release)
         self.puts = 0  # sequence number of the next put; orders rows across concurrent producers
         self.changes: dict[int, int] = {}  # per partition: how many times rows landed or became fetchable again
+        # ...and per field: how many times rows landed with it (a put, a write); None: rows became fetchable again
+        # for some task whatever their fields (a redelivery). A consumer watches only the fields it needs.
+        self.field_changes: dict[int, dict[str | None, int]] = {}
 
     async def settings(self) -> dict:
         return {"capacity_rows": self.capacity_rows, "group_size": self.group_size, "max_staleness": self.max_staleness}
@@ -75,24 +78,36 @@ class Coordinator:
                 self.oldest += 1
             self.changed.notify_all()
 
-    async def touch(self, step: int) -> None:
-        """Rows of partition `step` landed or became fetchable again: wake the consumers waiting on it."""
+    async def touch(self, step: int, fields: list[str] | None = None) -> None:
+        """Rows of partition `step` landed with `fields` (None: became fetchable again, whatever their fields): wake
+        the consumers waiting on it."""
         async with self.changed:
             self.changes[step] = self.changes.get(step, 0) + 1
+            counts = self.field_changes.setdefault(step, {})
+            for f in fields or [None]:
+                counts[f] = counts.get(f, 0) + 1
             self.changed.notify_all()
 
-    async def wait_changed(self, step: int, seen: int | None, timeout: float) -> int:
-        """Partition `step`'s change count, once it differs from `seen` (None: at once), the partition is trained,
-        or `timeout` s have passed. A consumer reads it, fetches, and if nothing was ready waits on what it read:
-        a change between the two is never missed."""
+    def _count(self, step: int, fields: list[str] | None) -> int:
+        if fields is None:
+            return self.changes.get(step, 0)
+        counts = self.field_changes.get(step, {})
+        return counts.get(None, 0) + sum(counts.get(f, 0) for f in fields)
+
+    async def wait_changed(self, step: int, seen: int | None, timeout: float, fields: list[str] | None = None) -> int:
+        """Partition `step`'s change count over `fields` (None: every field), once it differs from `seen` (None: at
+        once), the partition is trained, or `timeout` s have passed. A consumer reads it, fetches, and if nothing
+        was ready waits on what it read: a change between the two is never missed. Rows can become ready for it
+        only when one of the fields it needs lands (or a redelivery), so another field's write does not wake it:
+        each spurious wake was one more fetch through TransferQueue."""
         async with self.changed:
             if seen is not None:
                 try:
                     await asyncio.wait_for(self.changed.wait_for(
-                        lambda: self.changes.get(step, 0) != seen or step < self.oldest), timeout)
+                        lambda: self._count(step, fields) != seen or step < self.oldest), timeout)
                 except asyncio.TimeoutError:
                     pass
-            return self.changes.get(step, 0)
+            return self._count(step, fields)
 
     async def oldest_unconsumed(self) -> int:
         return self.oldest

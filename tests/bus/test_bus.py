@@ -307,6 +307,31 @@ def test_puts_writes_and_redeliveries_each_wake_a_consumer_waiting_on_the_partit
     assert (c1, c2, changed(c2)) == (c0 + 1, c0 + 2, c0 + 3)
 
 
+def test_a_consumer_waits_only_on_the_fields_it_needs(fresh: Bus):
+    """A write of another field does not wake a consumer (each spurious wake was a fetch through TransferQueue);
+    a write of one of its fields, a put carrying one, and a redelivery do."""
+    from relax.fault.redelivery import redeliver
+
+    def changed(seen, fields, timeout=60.0):
+        return ray.get(fresh._coord.wait_changed.remote(4, seen, timeout, fields))
+
+    needs = ["score"]  # e.g. Advantages, waiting on Reward
+    c0 = changed(None, needs)
+    fresh.put_rows(4, make_rows([40, 41]))  # response_ids, ...: not its field
+    batch = fresh.fetch(4, "reference", ["response_ids"], 2 * G)
+    fresh.write(batch, {"ref_log_probs": [torch.zeros(3)] * batch.size})
+    t0 = time.monotonic()
+    assert changed(c0, needs, timeout=1.0) == c0  # neither woke it: it waited its whole timeout
+    assert time.monotonic() - t0 >= 0.9
+    batch = fresh.fetch(4, "reward", ["response_ids"], 2 * G)
+    fresh.write(batch, {"score": torch.ones(batch.size)})
+    c1 = changed(c0, needs)
+    assert c1 == c0 + 1
+    assert changed(None, ["response_ids"]) >= 1  # the put counted for a consumer of its fields
+    redeliver(fresh, "advantages")
+    assert changed(c1, needs) == c1 + 1
+
+
 def test_an_idle_fetch_waits_without_polling_and_wakes_when_rows_land(fresh: Bus, monkeypatch):
     calls = []
     once = fresh._fetch_once
