@@ -238,19 +238,20 @@ def _ray_costs(cfg: ExperimentConfig, prompt_tokens: float, reps: int = 9) -> di
                 return t, cpu, window
             small, large = G, max(16 * G, 128)
             runs = {n: [put_get(n) for _ in range(reps)] for n in (small, large)}
+            quiet = idle_cores()  # the same session at rest: what the put + fetch windows hold besides the bus
             background = _background_cores(cfg)  # with the bus up, as in a run
         finally:
             bus.close()
     sizes = {n: min(w for w, _, _ in r) for n, r in runs.items()}  # the least disturbed
     row = max((sizes[large] - sizes[small]) / (large - small), 0.0)
     call = max(sizes[small] - row * small, 0.0)
-    # The CPU beyond the caller's wall: the machine's core-seconds in the window, less the idle session's
-    # background over it, less the wall (one core busy at a time is what the caller's own lane already holds).
-    extra = {n: sum(c - background * win - w for w, c, win in r) / len(r) for n, r in runs.items()}
+    # The CPU beyond the caller's wall: the machine's core-seconds in the window, less what the same session burns
+    # at rest over it, less the wall (one core busy at a time is what the caller's own lane already holds).
+    extra = {n: sum(c - quiet * win - w for w, c, win in r) / len(r) for n, r in runs.items()}
     prow = max((extra[large] - extra[small]) / (large - small), 0.0)
     pcall = max(extra[small] - prow * small, 0.0)
     how = (f"relax.bus put_rows + fetch of {small} vs {large} rows: the machine's core-seconds (psutil, all "
-           f"processes, mean of {reps}) less the idle session's background and the wall")
+           f"processes, mean of {reps}) less the same session's at rest ({quiet:.3f} cores) and the wall")
     return {"rpc_s": _m(rpc, "Ray actor round trip, mean of 50"),
             "bus_row_s": _m(row, f"relax.bus put_rows + fetch of {small} vs {large} rows (TransferQueue): the slope"),
             "bus_call_s": _m(call, f"relax.bus put_rows + fetch of {small} vs {large} rows: the intercept"),
@@ -264,8 +265,18 @@ def _ray_costs(cfg: ExperimentConfig, prompt_tokens: float, reps: int = 9) -> di
 
 
 SETTLE_S = 0.05  # after a bus put + fetch, how long its follow-up work may still run (its CPU window)
-BACKGROUND_WINDOWS = 5  # one-second windows of the idle session watched; the least busy one counts (as _best: another
-# process's burst only ever adds CPU, and one at 20:10 read 0.52 cores against 0.17-0.21 on a quiet machine)
+BACKGROUND_WINDOWS = 5  # one-second windows of an idle session watched; the least busy one counts (as _best: another
+# process's burst only ever adds CPU; one 4 s window read 0.52 cores on 2026-12-02 against 0.15-0.21 when quiet)
+
+
+def idle_cores() -> float:
+    """The machine's busy cores now, the least busy of BACKGROUND_WINDOWS one-second windows."""
+    windows = []
+    for _ in range(BACKGROUND_WINDOWS):
+        t0, c0 = time.perf_counter(), machine_busy_s()
+        time.sleep(1.0)
+        windows.append((machine_busy_s() - c0) / (time.perf_counter() - t0))
+    return min(windows)
 
 
 def _background_cores(cfg: ExperimentConfig) -> float:
@@ -297,12 +308,7 @@ def _background_cores(cfg: ExperimentConfig) -> float:
         members = [Member.remote(dcs, n, ROLES[n].membership(cfg)) for n in names]
         ray.get([m.__ray_ready__.remote() for m in members] + [telemetry.__ray_ready__.remote()])
         time.sleep(1.0)  # the members' first beats and long polls start
-        windows = []
-        for _ in range(BACKGROUND_WINDOWS):
-            t0, c0 = time.perf_counter(), machine_busy_s()
-            time.sleep(1.0)
-            windows.append((machine_busy_s() - c0) / (time.perf_counter() - t0))
-        return min(windows)
+        return idle_cores()
     finally:
         for m in members:
             try:
