@@ -168,7 +168,9 @@ class Simulation:
 
     def bus_time(self, rows: int, nbytes: float, calls: int = 1) -> float:
         """The caller's seconds for `calls` bus calls of these rows. On a CPU profile the bus's other processes
-        burn CPU besides (cost.bus_parallel_cpu): that takes a core of its own meanwhile, the caller not waiting."""
+        burn CPU besides (cost.bus_parallel_cpu): that takes a core of its own meanwhile, the caller not waiting
+        (from when the caller's piece of work that makes the call starts: the model does not place the call inside
+        it)."""
         if self.cores is not None and (cpu := calls * self.cost.bus_parallel_cpu(rows)) > 0:
             self.env.process(self._bus_cpu(cpu))
         return calls * self.cost.bus_time(rows, nbytes)
