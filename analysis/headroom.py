@@ -138,12 +138,21 @@ CONVERGENCE_NOTE = ("Measured, CPU scale (see headroom.md for the set-up and eac
                     "marks the runs of `--parallel` (a variant's seeds at the same time) with parallel: true.")
 
 
+MODE_KEYS = ("mode=", "max_staleness=")
+
+
+def _mode_only(runs: list[dict]) -> bool:
+    """Whether a variant is the base algorithm under some mode: its overrides (none for the base config) change
+    only `mode` and `max_staleness`, so an algorithm row (rloo, gspo, ...) stays out of the mode comparison."""
+    return all(o.startswith(MODE_KEYS) for r in runs for o in r.get("overrides", []))
+
+
 def convergence_rows(by_variant: dict[str, list[dict]]) -> list[dict]:
-    """Per variant with an eval curve: end accuracy and gain with 95% intervals, and whether the end accuracy's
-    interval overlaps the first variant's."""
+    """Per mode variant (`_mode_only`) with an eval curve: end accuracy and gain with 95% intervals, and whether the
+    end accuracy's interval overlaps the first variant's."""
     rows, first = [], None
     for name, runs in by_variant.items():
-        if not any(r.get("eval_curve") for r in runs):
+        if not any(r.get("eval_curve") for r in runs) or not _mode_only(runs):
             continue
         m, h = interval([r["eval_accuracy_end"] for r in runs])
         g, gh = interval([r["eval_accuracy_end"] - r["eval_accuracy_start"] for r in runs])

@@ -120,13 +120,15 @@ def test_convergence_table_says_whether_each_mode_reaches_the_first_modes_accura
 
     results = {**runs("grpo", [0.50, 0.55, 0.60], 100.0), **runs("async_s1", [0.52, 0.56, 0.58], 60.0),
                **runs("async_s4", [0.10, 0.11, 0.12], 50.0),
+               **{k: {**v, "overrides": ["algorithm.advantage=rloo"]}  # an algorithm row: not a mode
+                  for k, v in runs("rloo", [0.5, 0.5, 0.5], 90.0).items()},
                "old/seed0": {"variant": "old", "seed": 0, "run": "runs/old0", "eval_accuracy_start": 0.3,
                              "eval_accuracy_end": 0.3}}
     by_variant: dict = {}
     for r in results.values():
         by_variant.setdefault(r["variant"], []).append(r)
     rows = convergence_rows(by_variant)
-    assert [r["variant"] for r in rows] == ["grpo", "async_s1", "async_s4"]  # no curve: not in the table
+    assert [r["variant"] for r in rows] == ["grpo", "async_s1", "async_s4"]  # no curve, or not a mode: not in it
     assert [r["overlaps_first"] for r in rows] == ["yes", "yes", "no"]
     assert rows[1]["accuracy_end"] == pytest.approx(0.5533, abs=1e-4) and rows[1]["train_time_s"] == 60
     # drawn from a study folder whose run folders are gone: the curves still come from headroom.json
