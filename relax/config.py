@@ -535,6 +535,15 @@ class ExperimentConfig(Strict):
         if self.rollout.partial and (self.rollout.max_inflight is None or self.mode != "async"):
             raise ValueError("rollout.partial: in-flight weight updates need request-level streaming "
                              "(rollout.max_inflight) and mode 'async'")
+        if self.algorithm.advantage == "remax":
+            # Its baseline is a greedy response per prompt, which the Rollout asks of its in-process torch engine.
+            limits = {"rollout.engine": self.rollout.engine != "torch", "task.kind": self.task.kind != "text",
+                      "model.kind": self.model.kind == "tiny_omni", "schedule": self.schedule != "relax",
+                      "emulate.hardware": self.emulate.hardware is not None}
+            bad = [name for name, on in limits.items() if on]
+            if bad:
+                raise ValueError("algorithm.advantage: 'remax' needs a greedy response per prompt from the in-process "
+                                 f"'torch' engine on a text task under schedule relax, not emulated (set: {', '.join(bad)})")
         if self.algorithm.old_log_probs == "actor_fwd" and self.schedule != "relax":
             # Their trainers recompute old log-probs themselves, as veRL and OpenRLHF do.
             raise ValueError(f"algorithm.old_log_probs: 'actor_fwd' is a service of schedule 'relax'; the {self.schedule} "

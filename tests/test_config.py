@@ -36,6 +36,17 @@ def test_bad_key_or_value_names_the_field(override, field):
     assert field in str(err.value)
 
 
+@pytest.mark.parametrize("overrides, field", [
+    (["rollout.engine=torch_http"], "rollout.engine"),
+    (["schedule=verl"], "schedule"),
+])
+def test_remax_refuses_what_cannot_give_it_a_greedy_baseline(overrides, field):
+    with pytest.raises(ConfigError, match="remax") as err:
+        load_config(ROOT / "experiments/async/cpu.yaml", ["algorithm.advantage=remax", *overrides])
+    assert field in str(err.value)
+    load_config(ROOT / "experiments/async/cpu.yaml", ["algorithm.advantage=remax"])  # the torch engine: accepted
+
+
 def test_colocate_requires_zero_staleness():
     with pytest.raises(ConfigError, match="max_staleness must be 0"):
         load_config(ROOT / "experiments/colocate/cpu.yaml", ["max_staleness=1"])

@@ -4,9 +4,9 @@
 
 r_t = token_rewards_t plus the sequence reward on the last masked token; returns = G. The greedy baseline
 comes in `AdvantageInput.baseline_rewards` [B]: one greedy (temperature 0) generation per prompt, scored by
-the task's reward, repeated for every sampled response of the prompt. The Rollout does not generate that
-greedy response yet (it would be a new row field, `baseline_rewards`), so the estimator is here and tested,
-and a run that selects it stops at its first batch with the message below.
+the task's reward, repeated for every sampled response of the prompt: the Rollout generates it
+(`TorchEngine.greedy`, one call per chunk of groups) and writes the row field `baseline_rewards`, which
+Advantages reads. The greedy response itself is never trained on.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def remax(inp: AdvantageInput, cfg: AlgorithmConfig) -> tuple[Tensor, Tensor]:
     _check(inp)
     if inp.baseline_rewards is None:
         raise ValueError("advantage 'remax' needs AdvantageInput.baseline_rewards (the reward of a greedy response "
-                         "per prompt), which the Rollout does not generate yet")
+                         "per prompt): the bus field the Rollout writes when algorithm.advantage is 'remax'")
     mask = inp.response_mask > 0
     rewards = _token_rewards(inp, mask, with_sequence_reward=True)
     returns = _gae(rewards, torch.zeros_like(rewards), mask, 1.0, 1.0)

@@ -140,6 +140,16 @@ class TorchEngine:
                 if self.capture is not None:
                     self.capture.stop()
 
+    def greedy(self, prompts: list[list[int]], max_new_tokens: int | list[int]) -> list[Generation]:
+        """`generate` at temperature 0 (ReMax's baseline response). Greedy decoding draws nothing from the sampling
+        generator, so the sampled responses of a seed are the same with or without these calls."""
+        with self._lock:  # re-entrant: generate takes it too; no sampled call runs meanwhile
+            temperature, self.temperature = self.temperature, 0.0
+            try:
+                return self.generate(prompts, max_new_tokens)
+            finally:
+                self.temperature = temperature
+
     def generate_stream(self, prompts: list[list[int]], max_new_tokens: int | list[int], max_inflight: int,
                         between: Callable[[], None] | None = None) -> Iterator[tuple[int, Generation]]:
         """Continuous batching (relax/engines/continuous.py): yields (prompt index, Generation) as each request

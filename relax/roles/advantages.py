@@ -23,7 +23,8 @@ class AdvantagesRole(Role):
     def reads(cls, cfg) -> list[str]:
         alg = cfg.algorithm
         fields = cls.fields + ["values"] * (alg.advantage == "gae") + \
-            ["rollout_log_probs", "teacher_log_probs"] * (alg.policy_loss == "opd")
+            ["rollout_log_probs", "teacher_log_probs"] * (alg.policy_loss == "opd") + \
+            ["baseline_rewards"] * (alg.advantage == "remax")
         if alg.kl_in_reward:  # KL as a reward penalty: the Reference's log-probs join the token rewards
             fields += [f for f in ("rollout_log_probs", "ref_log_probs") if f not in fields]
         return fields
@@ -49,8 +50,9 @@ class AdvantagesRole(Role):
                    for f in ("rollout_log_probs", "ref_log_probs")]
             kl = kl_reward(*lps, mask, alg.kl_coef, alg.kl_estimator)
             token_rewards = kl if token_rewards is None else token_rewards + kl
+        baseline = batch["baseline_rewards"].float() if "baseline_rewards" in self.fields else None  # ReMax
         inp = AdvantageInput(rewards=rewards, group_index=batch["group_id"], response_mask=mask, values=values,
-                             token_rewards=token_rewards)
+                             token_rewards=token_rewards, baseline_rewards=baseline)
         adv, ret = self.estimator(inp, alg)
         out = {"advantages": [adv[i, :n].clone() for i, n in enumerate(lengths)]}
         if values is not None:  # the critic's targets

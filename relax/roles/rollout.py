@@ -40,7 +40,8 @@ class RolloutRole(ModelRole):
     def writes(cls, cfg) -> list[str]:
         # DAPO's draw counts, R3's routed experts, omni media / the agent loss mask.
         return cls.outputs + ["ds_attempts"] * cfg.algorithm.dynamic_sampling.enabled + r3_fields(cfg) + \
-            input_fields(cfg) + ["weight_version_last"] * cfg.rollout.partial  # partial rollout: the version span
+            input_fields(cfg) + ["weight_version_last"] * cfg.rollout.partial + \
+            ["baseline_rewards"] * (cfg.algorithm.advantage == "remax")  # partial: the version span; ReMax: its baseline
 
     @classmethod
     def membership(cls, cfg) -> dict:
@@ -281,6 +282,8 @@ class RolloutRole(ModelRole):
         if r.partial:  # the version of each row's last token (weight_version: of its first)
             rows["weight_version_last"] = torch.tensor([g.weight_version if g.last_version is None else g.last_version
                                                         for g in gens])
+        if "baseline_rewards" in self.outputs:  # ReMax: the task reward of a greedy response per group
+            rows["baseline_rewards"] = self._greedy_rewards(prompt_idx[::G], prompts[::G]).repeat_interleave(G)
         if attempts is not None:  # DAPO: draws this row's group took (1: no redraw); the Actor reports redraws
             rows["ds_attempts"] = torch.tensor(attempts)
         if self.cfg.moe.r3:  # R3: each token's experts, uint8 (relax/moe/fields.py)
@@ -288,6 +291,12 @@ class RolloutRole(ModelRole):
                                        [len(x) for x in resp], self.engine.capture.num_experts,
                                        with_prompt=self.cfg.moe.r3_prompt))
         return rows
+
+    def _greedy_rewards(self, prompt_idx: list[int], prompts: list[list[int]]) -> torch.Tensor:
+        """ReMax's baseline: one greedy response per prompt, scored by the task's rule reward (never trained on)."""
+        gens = self.engine.greedy(prompts, self.cfg.rollout.max_new_tokens)
+        return torch.tensor([float(self.data.score(self.data[i], self.tokenizer.decode(g.token_ids)))
+                             for i, g in zip(prompt_idx, gens)])
 
     def _stream_groups(self, k: int, groups, put) -> None:
         """Request-level streaming (rollout.max_inflight): every sample of these groups is one request, at most

@@ -32,6 +32,19 @@ def test_engine_log_probs_match_trainer_recompute():
         assert g.finish_reason in ("stop", "length") and g.weight_version == 0
 
 
+def test_greedy_is_temperature_zero_and_leaves_the_sampling_generator_alone():
+    eng, tok = _engine(temperature=1.0)
+    prompts = _prompts(tok)
+    greedy = eng.greedy(prompts, 10)
+    argmax, _ = _engine(temperature=0.0)
+    assert [g.token_ids for g in greedy] == [g.token_ids for g in argmax.generate(prompts, 10)]
+    assert eng.temperature == 1.0
+    after_greedy = [g.token_ids for g in eng.generate(prompts, 10)]
+    fresh, _ = _engine(temperature=1.0)
+    assert after_greedy == [g.token_ids for g in fresh.generate(prompts, 10)]  # the same draws as without it
+    assert after_greedy != [g.token_ids for g in greedy]  # and sampled, not greedy
+
+
 def test_top_p_keeps_only_the_nucleus():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]])).repeat(2000, 1)
     toks, _ = sample_tokens(logits, 1.0, 0.7, torch.Generator().manual_seed(0))

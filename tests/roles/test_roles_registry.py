@@ -73,6 +73,13 @@ def test_every_read_has_an_earlier_writer():
         written |= set(cls.writes(cfg)) if phase != "train_partition" else set()
 
 
+def test_remax_baseline_goes_from_the_rollout_to_advantages_only_when_selected():
+    remax, grpo = _cfg("cpu.yaml", "algorithm.advantage=remax"), _cfg("cpu.yaml")
+    assert "baseline_rewards" in role_class("rollout").writes(remax)
+    assert "baseline_rewards" in role_class("advantages").reads(remax)
+    assert "baseline_rewards" not in role_class("rollout").writes(grpo) + role_class("advantages").reads(grpo)
+
+
 def test_declarations_follow_the_config():
     cfg = _cfg("cpu.yaml", KL_ON, GAE, "algorithm.dynamic_sampling.enabled=true")
     assert "ref_log_probs" in role_class("actor").reads(cfg)
