@@ -527,11 +527,8 @@ class ExperimentConfig(Strict):
             limits = {"algorithm.dynamic_sampling.enabled": self.algorithm.dynamic_sampling.enabled,
                       "moe.r3": self.moe.r3, "task.kind": self.task.kind != "text",
                       "schedule": self.schedule != "relax"}
-            bad = [name for name, on in limits.items() if on]
-            if bad:
-                raise ValueError(f"rollout.max_inflight: request-level streaming runs text tasks under schedule relax "
-                                 f"without DAPO redraws or R3 capture (set: {', '.join(bad)}); unset it for chunked "
-                                 "generation")
+            _refuse(limits, "rollout.max_inflight: request-level streaming runs text tasks under schedule relax "
+                    "without DAPO redraws or R3 capture (set: {}); unset it for chunked generation")
         if self.rollout.partial and (self.rollout.max_inflight is None or self.mode != "async"):
             raise ValueError("rollout.partial: in-flight weight updates need request-level streaming "
                              "(rollout.max_inflight) and mode 'async'")
@@ -540,10 +537,8 @@ class ExperimentConfig(Strict):
             limits = {"rollout.engine": self.rollout.engine != "torch", "task.kind": self.task.kind != "text",
                       "model.kind": self.model.kind == "tiny_omni", "schedule": self.schedule != "relax",
                       "emulate.hardware": self.emulate.hardware is not None}
-            bad = [name for name, on in limits.items() if on]
-            if bad:
-                raise ValueError("algorithm.advantage: 'remax' needs a greedy response per prompt from the in-process "
-                                 f"'torch' engine on a text task under schedule relax, not emulated (set: {', '.join(bad)})")
+            _refuse(limits, "algorithm.advantage: 'remax' needs a greedy response per prompt from the in-process "
+                    "'torch' engine on a text task under schedule relax, not emulated (set: {})")
         if self.algorithm.old_log_probs == "actor_fwd" and self.schedule != "relax":
             # Their trainers recompute old log-probs themselves, as veRL and OpenRLHF do.
             raise ValueError(f"algorithm.old_log_probs: 'actor_fwd' is a service of schedule 'relax'; the {self.schedule} "
@@ -688,6 +683,14 @@ def role_world_size(cfg: "ExperimentConfig", role: str) -> int:
 
 class ConfigError(ValueError):
     """A config that failed validation; the message names each offending field."""
+
+
+def _refuse(limits: dict[str, bool], message: str) -> None:
+    """A feature's config check: `limits` maps each field to whether its value rules the feature out; when any
+    does, ValueError with `message`, whose {} names those fields."""
+    bad = [name for name, on in limits.items() if on]
+    if bad:
+        raise ValueError(message.format(", ".join(bad)))
 
 
 def _set_dotted(tree: dict, dotted: str, value: Any) -> None:

@@ -5,7 +5,7 @@
 r_t = token_rewards_t plus the sequence reward on the last masked token; returns = G. The greedy baseline
 comes in `AdvantageInput.baseline_rewards` [B]: one greedy (temperature 0) generation per prompt, scored by
 the task's reward, repeated for every sampled response of the prompt: the Rollout generates it
-(`TorchEngine.greedy`, one call per chunk of groups) and writes the row field `baseline_rewards`, which
+(`TorchEngine.greedy`, one call per chunk of groups, or per group when streaming) and writes the row field `baseline_rewards`, which
 Advantages reads. The greedy response itself is never trained on.
 """
 
