@@ -241,12 +241,6 @@ def _draw_r3(source: Path, figs: Path, tables: Path) -> list[Path]:
     return draw_r3(source, figs, tables)
 
 
-def _draw_algorithms(source: Path, figs: Path, tables: Path) -> list[Path]:
-    from analysis.algorithms import draw_algorithms
-
-    return draw_algorithms(source, figs, tables)
-
-
 def _draw_omni(source: Path, figs: Path, tables: Path) -> list[Path]:
     from analysis.omni import draw_omni
 
@@ -279,7 +273,7 @@ def _draw_headroom(source: Path, figs: Path, tables: Path) -> list[Path]:
     return draw_headroom(source, figs, tables)
 
 
-STUDIES = [_draw_r3, _draw_algorithms, _draw_omni, _draw_recovery, _draw_sim, _draw_emulate, _draw_headroom]
+STUDIES = [_draw_r3, _draw_omni, _draw_recovery, _draw_sim, _draw_emulate, _draw_headroom]
 
 
 def draw_all(source: Path, dest: Path = RESULTS, only: list[Path] | None = None) -> list[Path]:

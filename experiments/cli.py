@@ -12,11 +12,10 @@ import importlib
 
 STUDIES = {
     "r3_moe": "experiments.r3_moe.study",  # R3 overhead and mismatch, R3 off / on runs
-    "algorithms": "experiments.algorithms.study",  # GRPO, GSPO, SAPO, OPD, PPO + Critic from one warm-up
     "omni": "experiments.omni.study",  # async vs colocate on the omni task
     "recovery": "experiments.recovery.study",  # kills, DCS bench, elastic phases
     "sim": "experiments.sim.study",  # SIMULATED: the paper's 16xH800 numbers and beyond (cost model + SimPy)
-    "headroom": "experiments.headroom.study",  # RL's held-out accuracy gain from a warm start with room, seeds
+    "headroom": "experiments.headroom.study",  # the algorithm table: held-out accuracy gains from a warm start, seeds
     "emulate": "experiments.emulate.study",  # EMULATED H800s: the real engine in the cost model's time, beside the sim
 }
 BENCHES = {

@@ -160,6 +160,24 @@ def test_update_reference_copies_small_files_only(tmp_path):
                                                     "staleness-4"]
 
 
+def test_update_reference_keeps_a_table_measured_by_its_own_command(tmp_path):
+    """reproduce-fig runs the head-room study's small set (GRPO, one seed); the committed 12-row table stays."""
+    from analysis import reproduce
+
+    out, ref = tmp_path / "results", tmp_path / "results" / "reference"
+    assert ("headroom", ["study", "headroom", "--seeds", "0"]) in reproduce.STUDIES
+    assert "headroom" in reproduce.KEPT_REFERENCE
+    (ref / "headroom").mkdir(parents=True)
+    (ref / "headroom" / "headroom.json").write_text('{"runs": {"table": 1}}')
+    (out / "headroom").mkdir(parents=True)
+    (out / "headroom" / "headroom.json").write_text('{"runs": {"grpo": 1}}')
+    (out / "r3_moe").mkdir()
+    (out / "r3_moe" / "r3_results.json").write_text("{}")
+    reproduce.update_reference([], out, ref, studies=[out / "headroom", out / "r3_moe"])
+    assert json.loads((ref / "headroom" / "headroom.json").read_text()) == {"runs": {"table": 1}}
+    assert (ref / "r3_moe" / "r3_results.json").exists()  # a study that is not kept is replaced as before
+
+
 def test_draw_all_only_the_runs_given(tmp_path):
     runs = system_runs(FIXTURE)
     written = figures.draw_all(FIXTURE, tmp_path, only=[runs["async_off_policy"], runs["verl"]])

@@ -1,6 +1,6 @@
 """End-to-end runs of the algorithm suite (2 steps each, the small overrides of tests/test_e2e.py):
 PPO with a Critic (GAE) + a GenRM judge + DAPO marks in one run, colocated SAPO with a Critic and DAPO redraws,
-on-policy distillation with a Teacher, GSPO, and capped_pg (the README's worked example: the documented CLI run of
+on-policy distillation with a Teacher, GSPO on ReMax advantages, and capped_pg (the README's worked example: the documented CLI run of
 tests/test_e2e.py, 4 steps, shared through tests/conftest.py). Each live run is expensive on 2 cores, so one run
 carries several features. Every run checks the exactly-once account and one trace lane per service."""
 
@@ -87,6 +87,10 @@ def test_policy_losses_run(tmp_path, loss, request):
         run_dir = request.getfixturevalue("async_cli_run")
         assert load_config(run_dir / "config.yaml").algorithm.policy_loss == "capped_pg"
         rows, summary, lanes, _ = _checked(run_dir, 4)
-    else:
-        rows, summary, lanes, _ = _run(tmp_path, f"algorithm.policy_loss={loss}")
+    else:  # GSPO's loss on ReMax advantages: the Rollout's greedy baseline reaches Advantages through the bus
+        rows, summary, lanes, spans = _run(tmp_path, f"algorithm.policy_loss={loss}", "algorithm.advantage=remax")
+        advantages = [s for s in spans if s["name"] == "advantages"]
+        assert advantages and all("baseline_rewards" in s["args"]["fields"] for s in advantages)
+        # field-level storage: the baseline goes only to the task that declared it
+        assert all("baseline_rewards" not in s["args"]["fields"] for s in spans if s["name"] == "reward")
     assert lanes == BASE and all(r["samples"] == 16 for r in rows)

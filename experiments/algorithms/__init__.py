@@ -1,1 +1,0 @@
-"""The algorithm-comparison study (`relax study algorithms`): GRPO, GSPO, SAPO, OPD, PPO + Critic from one warm-up."""
