@@ -2,8 +2,10 @@
 
 Every role process, TransferQueue's controller and storage, and the driver import tensordict (the bus's row
 container). At import, tensordict wraps a few functorch functions with `torch.compiler.allow_in_graph` and
-`assume_constant_result`, and both import `torch._dynamo`: about 1.8 s of CPU out of a role process's ~5 s of
-imports, paid by some fifteen processes at every run's start (and every restart). Relax never compiles through
+`assume_constant_result`, and both import `torch._dynamo`: about 1.7 s of CPU out of a role process's ~5 s of
+imports (measured on 2 cores). Processes that build a model pay it anyway (transformers' masking_utils imports
+from torch._dynamo); the others (Reward, Advantages, TransferQueue's controller and storage, the emulated
+schedules' loops) are spared it at every run's start and every restart. Relax never compiles through
 tensordict, so those two markers (which only tell dynamo how to trace the wrapped functions) are identities
 while tensordict imports, and the real ones are back as soon as it has. A later `torch.compile` still works; it
 traces into those few wrappers instead of treating them as opaque.
