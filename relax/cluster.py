@@ -30,9 +30,6 @@ _TOKEN = secrets.token_hex(32)
 # processes') makes a local node's IP 127.0.0.1.
 _LOOPBACK_VAR = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 _SET_FOR_LOCAL = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", _LOOPBACK_VAR)
-# Every worker process of the job runs this first (TransferQueue's actors too, which never import relax): seconds
-# less of imports per process (relax/imports.py).
-RUNTIME_ENV = {"worker_process_setup_hook": "relax.imports.install"}
 
 
 @dataclass
@@ -48,7 +45,7 @@ class RaySession:
 
     def __enter__(self):
         if self.address:
-            ray.init(address=self.address, logging_level=logging.WARNING, log_to_driver=True, runtime_env=RUNTIME_ENV)
+            ray.init(address=self.address, logging_level=logging.WARNING, log_to_driver=True)
             return self
         self._closed_to_network()
         try:
@@ -62,8 +59,7 @@ class RaySession:
         for attempt in range(5):
             try:
                 ray.init(num_cpus=self.num_cpus, num_gpus=self.num_gpus, include_dashboard=False,
-                         _temp_dir=self.temp_dir, logging_level=logging.WARNING, log_to_driver=True,
-                         runtime_env=RUNTIME_ENV)
+                         _temp_dir=self.temp_dir, logging_level=logging.WARNING, log_to_driver=True)
                 break
             except Exception as err:  # Ray gives its raylet 30 s to come up: too short on an overloaded host
                 if "timed out during startup" not in str(err) or attempt == 4:

@@ -364,6 +364,9 @@ class Controller:
             "metrics_sinks_s": {n: round(v, 4) for n, v in self.reporter.seconds.items()},
             "environment": {"cpus": os.cpu_count(), "torch": torch.__version__, "ray": ray.__version__,
                             "python": platform.python_version(), "machine": platform.machine(),
+                            # the kernels torch picked (AVX512, AVX2, ...): a seed's warm-up is bit-identical
+                            # when redone on one machine, and was not on another; this says what differed
+                            "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
                             "hardware": hardware_description(
                                 f"{self.emu.cost.hw.name} ({self.emu.describe()['gpus']})" if self.emu else None)},
         }

@@ -47,6 +47,7 @@ def _check_run(run_dir: Path, steps: int, max_staleness: int, roles: set[str], p
     assert summary["samples_trained"] == steps * per_step
     assert summary["cpu_per_step_s"]["actor"] > 0  # training is CPU work on this machine
     assert 0 < summary["host_cpu_cores"] <= summary["environment"]["cpus"]
+    assert summary["environment"]["torch_cpu_capability"]  # e.g. "AVX512": which kernels ran
     # By process: the driver, the Actor's process under its Ray title, the bus's own processes
     by_process = summary["cpu_by_process_per_step_s"]
     assert {"driver", "ray::ActorRole", "ray::TransferQueueController"} <= set(by_process), by_process

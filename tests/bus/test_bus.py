@@ -478,18 +478,3 @@ def test_concurrent_puts_of_one_process_each_land_once_in_their_own_order(fresh:
             assert ids[lo:lo + G] == list(range(ids[lo], ids[lo] + G)) and ids[lo] % G == 0
         seen += ids
     assert Counter(seen) == Counter(range(threads * per * G))
-
-
-@ray.remote(num_cpus=0)
-def _modules_of_a_transfer_queue_process() -> tuple[bool, bool]:
-    """What a TransferQueue actor's process holds: it imports transfer_queue and tensordict, never relax's code."""
-    import tensordict  # noqa: F401
-    import transfer_queue  # noqa: F401
-
-    return "tensordict" in sys.modules, "torch._dynamo" in sys.modules
-
-
-def test_every_worker_of_the_session_imports_tensordict_without_dynamo(bus: Bus):
-    """RaySession's worker setup hook (relax/imports.py) applies in processes that never import relax themselves."""
-    has_tensordict, has_dynamo = ray.get(_modules_of_a_transfer_queue_process.remote(), timeout=120)
-    assert has_tensordict and not has_dynamo
