@@ -13,7 +13,7 @@ import threading
 import time
 from typing import Callable
 
-STALE_S = 2.0  # a member silent this long is the last choice as a holder
+STALE_S = 3.0  # a member silent this long (three beats at the default health.heartbeat_s) is the last choice as a holder
 HEALTHY_S = 5.0  # a rollout engine silent longer than this is reported unhealthy (GET /rollout/engines)
 
 

@@ -27,6 +27,10 @@ from relax.weights.layout import Staging, plan_layout
 from relax.weights.transport import PairGroups, object_store_get, object_store_put
 
 log = logging.getLogger(__name__)
+# How long a serving / following thread's long poll waits for news before asking again. The coordinator answers the
+# moment a session is queued or a version announced, and `leave` wakes both, so this only sets the idle traffic:
+# each poll is a Ray call on both sides, and at 1 s an idle session of 15 members kept ~0.3 of a core busy.
+POLL_S = 5.0
 
 
 class DCS:
@@ -38,7 +42,7 @@ class DCS:
     """
 
     def __init__(self, transport: str = "gloo", bucket_mb: float = 64.0, timeout_s: float = 60.0,
-                 heartbeat_s: float = 0.5, device: str = "cpu", reuse_groups: bool = True):
+                 heartbeat_s: float = 1.0, device: str = "cpu", reuse_groups: bool = True):
         if transport not in ("gloo", "object_store"):
             raise ValueError(f"dcs.transport: unknown transport '{transport}' (gloo | object_store)")
         self.transport = transport
@@ -81,7 +85,7 @@ class DCS:
     # -- lifecycle
     @classmethod
     def start(cls, transport: str = "gloo", bucket_mb: float = 64.0, timeout_s: float = 60.0,
-              heartbeat_s: float = 0.5, device: str = "cpu", reuse_groups: bool = True, wait: bool = True) -> DCS:
+              heartbeat_s: float = 1.0, device: str = "cpu", reuse_groups: bool = True, wait: bool = True) -> DCS:
         """Start the coordinator (driver, after ray.init) and return a handle for the roles. `wait=False` returns
         while its process still starts (the first call on it waits), so the caller can start others meanwhile."""
         try:
@@ -125,6 +129,11 @@ class DCS:
 
     def leave(self) -> None:
         self._stop.set()
+        if self.id is not None and self._threads:
+            try:
+                ray.get(self.coord.wake.remote(self.id), timeout=10)  # its long polls return now
+            except Exception:  # the coordinator may already be gone at teardown: the polls time out instead
+                pass
         for t in self._threads:
             t.join(timeout=5)
         if self.id is not None:
@@ -309,7 +318,7 @@ class DCS:
     def _serve_loop(self) -> None:
         while not self._stop.is_set():
             try:
-                sess = ray.get(self.coord.next_session.remote(self.id, 1.0))
+                sess = ray.get(self.coord.next_session.remote(self.id, POLL_S))
             except Exception:
                 if self._stop.is_set():
                     return
@@ -337,7 +346,7 @@ class DCS:
         while not self._stop.is_set():
             try:
                 have = self.have()
-                latest = ray.get(self.coord.wait_newer.remote(have, 1.0))
+                latest = ray.get(self.coord.wait_newer.remote(have, POLL_S, self.id))
                 if latest > have:
                     self._pull(None, None, timeout=2.0)
             except TimeoutError:

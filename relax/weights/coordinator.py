@@ -53,6 +53,7 @@ class DCSCoordinator:
         self.latest = -1
         self.sessions: dict[str, dict] = {}
         self.queues: dict[str, asyncio.Queue] = {}
+        self.woken: set[str] = set()  # members leaving: their long polls return at once
         self.changed = asyncio.Condition()
         self.stats = {"transfers": 0, "bytes": 0, "seconds": 0.0, "failed": 0}
 
@@ -69,6 +70,15 @@ class DCSCoordinator:
 
     async def heartbeat(self, mid: str) -> bool:
         return self.live.beat(mid)
+
+    async def wake(self, mid: str) -> None:
+        """`mid` is leaving: its serving and following long polls return now, not at their timeout."""
+        async with self.changed:
+            self.woken.add(mid)
+            q = self.queues.get(mid)
+            if q is not None:
+                q.put_nowait(None)
+            self.changed.notify_all()
 
     async def mark_dead(self, mid: str) -> None:
         """A member is gone (the health manager saw its process die): it serves nothing any more."""
@@ -159,11 +169,12 @@ class DCSCoordinator:
             except asyncio.TimeoutError:
                 return False
 
-    async def wait_newer(self, have: int, timeout: float) -> int:
-        """The newest version once one newer than `have` exists (or `have` after `timeout`)."""
+    async def wait_newer(self, have: int, timeout: float, mid: str | None = None) -> int:
+        """The newest version once one newer than `have` exists (or `have` after `timeout`, or once `mid` is
+        leaving)."""
         async with self.changed:
             try:
-                await asyncio.wait_for(self.changed.wait_for(lambda: self.latest > have), timeout)
+                await asyncio.wait_for(self.changed.wait_for(lambda: self.latest > have or mid in self.woken), timeout)
             except asyncio.TimeoutError:
                 pass
             return max(self.latest, have)
@@ -247,6 +258,8 @@ class DCSCoordinator:
             try:
                 sid = await asyncio.wait_for(q.get(), max(0.0, deadline - time.time()))
             except asyncio.TimeoutError:
+                return None
+            if sid is None:  # woken: the member is leaving
                 return None
             sess = self.sessions.get(sid)
             if sess is not None and sess["state"] == "queued":

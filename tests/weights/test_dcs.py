@@ -298,3 +298,19 @@ def test_staging_on_a_gpu_selects_nccl_through_the_same_code():
         pytest.skip("this torch build has NCCL; the pairing is checked on GPU machines")
     with pytest.raises(RuntimeError, match="no NCCL"):
         make_pair_group(dist.HashStore(), "s", 0, 5.0, "cuda", "127.0.0.1")
+
+
+def test_leaving_wakes_a_members_long_polls(ray_session):
+    """A serving and a following long poll wait for news up to their timeout (client.POLL_S); `wake` (sent by
+    `leave`) answers both at once, so a member leaves without waiting out its polls. The polls here ask for 120 s."""
+    d = DCS.start("gloo")
+    try:
+        mid = d.join("driver", serve=False, follow=False)
+        serving = d.coord.next_session.remote(mid, 120.0)
+        following = d.coord.wait_newer.remote(5, 120.0, mid)
+        assert ray.wait([serving, following], num_returns=2, timeout=1.0)[0] == []  # both wait: no news yet
+        ray.get(d.coord.wake.remote(mid))
+        assert ray.get(serving, timeout=60) is None  # nothing to serve
+        assert ray.get(following, timeout=60) == 5  # no newer version than the one it has
+    finally:
+        d.close()
