@@ -35,8 +35,8 @@ EXPERIMENTS = [
 # analysis.figures.STUDIES.
 STUDIES: list[tuple[str, list[str]]] = [
     ("r3_moe", ["study", "r3_moe"]),
-    # GRPO's held-out accuracy gain on the head-room benchmark, seed 0 (~4 min with its warm-up cached, ~3 more
-    # without); the algorithm table's 12 rows x 3 seeds are `relax study headroom --set table` (~2 h)
+    # GRPO's held-out accuracy gain on the head-room benchmark, seed 0 (2m40s quiet with its warm-up cached, about
+    # 2 min more without; 2026-12-03); the 20-row algorithm table is its own command (README, ~3.5 h)
     ("headroom", ["study", "headroom", "--seeds", "0"]),
     ("omni", ["study", "omni"]),  # async vs colocate on the omni task (analysis/omni.py draws it)
     ("recovery", ["study", "recovery"]),  # kills (spare / cold rollout, reference, actor), DCS bench, elastic phases
