@@ -47,7 +47,7 @@ STUDIES: list[tuple[str, list[str]]] = [
 ]
 # Reference folders measured by a separate command (too CPU-heavy for reproduce-fig), kept by --update-reference:
 # smollm2/ = SmolLM2-135M-Instruct before/after GRPO (experiments/async/cpu-smollm2.yaml; see its README.md).
-# headroom/ = the algorithm table (`relax study headroom --set table`: 12 rows x 3 seeds, ~2 h); reproduce-fig's own
+# headroom/ = the algorithm table (`relax study headroom`, 20 rows x 3 seeds, ~3.5 h; its README); reproduce-fig's own
 # headroom study (GRPO, seed 0) is drawn from its results but never replaces the table.
 # sim_gate/ = the simulator's first gate (python -m experiments.sim.gate_cpu --fresh: a profile and the 7 runs in one
 # invocation, ~12 minutes; SIMULATED beside measured).
