@@ -42,7 +42,8 @@ STUDIES: list[tuple[str, list[str]]] = [
     ("recovery", ["study", "recovery"]),  # kills (spare / cold rollout, reference, actor), DCS bench, elastic phases
     ("sim", ["study", "sim"]),  # SIMULATED: 16xH800 predictions beside the paper, scaling, staleness, split (~1 min)
     # EMULATED H800s: the real engine at the paper's shape, 5 schedules + beyond-the-paper, beside the simulator
-    # (6 runs of 4 steps at 100x compression: ~5-8 min of reproduce-fig on a quiet 2-core machine, budget 10)
+    # (5 runs of 4 steps at 100x compression, beyond-the-paper, the faults run: 16m27s measured on 2026-12-02 at load
+    # 1-16, over its 10-minute budget; each run's ~1-1.5 min of process start-up is most of it)
     ("emulate", ["study", "emulate"]),
 ]
 # Reference folders measured by a separate command (too CPU-heavy for reproduce-fig), kept by --update-reference:
