@@ -160,8 +160,21 @@ def test_update_reference_copies_small_files_only(tmp_path):
                                                     "staleness-4"]
 
 
+def test_update_reference_keeps_the_hand_measured_smollm2_folder(tmp_path):
+    from analysis import reproduce
+
+    out, ref = tmp_path / "results", tmp_path / "results" / "reference"
+    (ref / "smollm2").mkdir(parents=True)
+    (ref / "smollm2" / "summary.json").write_text("{}")
+    (ref / "async" / "cpu" / "old").mkdir(parents=True)
+    (ref / "README.md").write_text("old")
+    reproduce.update_reference([], out, ref)
+    assert (ref / "smollm2" / "summary.json").exists() and not (ref / "async").exists()
+    assert (ref / "README.md").read_text() != "old"
+
+
 def test_update_reference_keeps_a_table_measured_by_its_own_command(tmp_path):
-    """reproduce-fig runs the head-room study's small set (GRPO, one seed); the committed 12-row table stays."""
+    """reproduce-fig runs the head-room study's small set (GRPO, one seed); the committed 20-row table stays."""
     from analysis import reproduce
 
     out, ref = tmp_path / "results", tmp_path / "results" / "reference"
