@@ -1,4 +1,4 @@
-"""`relax` command line: run experiments, warm up models, evaluate, export, scale.
+"""`relax` command line: run experiments, warm up models, evaluate, export, scale, stop.
 
 The harness's commands (`relax report`, `relax baseline`, `relax study`, `relax figures`, `relax reproduce`,
 `relax bench`, ...) come from the `relax.commands` entry points (pyproject.toml): each is a function that adds

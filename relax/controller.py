@@ -34,21 +34,13 @@ from relax.metrics.status import make_status
 from relax.metrics.telemetry import Telemetry, busy_seconds, chrome_trace, cpu_seconds
 from relax.models.warmup import warmup_state
 from relax.schedules import get_schedule, is_emulated, role_names
-from relax.schedules.context import RunContext
+from relax.schedules.context import RunContext, RunStopped
 from relax.evaluate import eval_curve, greedy_accuracy, sampled_reward
 from relax.fault.supervisor import Supervisor
 from relax.cluster import RaySession
 from relax.run_folder import RunFolder
 
 log = logging.getLogger(__name__)
-
-
-class RunStopped(RuntimeError):
-    """A role stopped the run (e.g. training.max_nonfinite_steps); the results so far are in `run_dir`."""
-
-    def __init__(self, message: str, run_dir: Path):
-        super().__init__(f"{message} (results so far in {run_dir})")
-        self.run_dir = run_dir
 
 
 def nonfinite_account(rows: list[dict]) -> dict:
@@ -401,7 +393,8 @@ class Controller:
         except BaseException as err:
             try:
                 self.close_reporter()  # a run that failed (warm-up, start-up, a role) closes its sinks too
-                self.write_status("failed", f"{type(err).__name__}: {err}")
+                state = "stopped" if isinstance(err, RunStopped) else "failed"
+                self.write_status(state, f"{type(err).__name__}: {err}")
             except Exception:  # noqa: BLE001 -- never hide the run's own error
                 log.exception("could not write the failed run's status")
             raise
@@ -428,13 +421,18 @@ class Controller:
                         get_schedule(cfg).run(self.ctx, self.supervisor, bar)  # relax/schedules/
                     except ray.exceptions.RayTaskError as err:  # a role stopped the run: keep what it did
                         error = RunStopped(str(err.cause if err.cause is not None else err).strip(), self.run_dir)
+                    except RunStopped as err:  # an operator did (POST /run/stop)
+                        error = err
                     self.poll(bar)
                 spans = ray.get(self.telemetry.all_spans.remote())
                 self.all_spans = spans
                 self.t_end = max((r["end_time"] for r in self.records.values()), default=time.time())
                 self.cpu_end = psutil.cpu_times()
                 self.procs_end = processes.snapshot()
-                if error is not None:
+                if error is not None and error.requested:
+                    # the roles still run: the last step seen commits its version within seconds
+                    account = self.supervisor.account(max(self.records, default=-1) + 1)
+                elif error is not None:
                     account = self.supervisor.account(self.supervisor.dcs.topology()["latest"])
                 else:
                     final_state = self.supervisor.final_state()[1]

@@ -33,6 +33,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import yaml
 
 from experiments import launch
@@ -96,8 +97,11 @@ def run_elastic(root: Path, groups: int = 8) -> dict:
         try:
             result = run_phases(url, token, groups=groups, timeout=400, alive=lambda: proc.poll() is None,
                                 min_seconds=VARIANTS["elastic_phase_s"])
-        except AssertionError as err:  # e.g. the run ended before the last phase: say so, keep the rest
+        except AssertionError as err:  # e.g. a phase timed out: say so, keep the rest
             result = {"error": str(err), "phases": [], "operations": []}
+        # The run's `steps` outlast the phases on any machine; it ends here, its steps kept (POST /run/stop).
+        if proc.poll() is None:
+            httpx.post(f"{url}/run/stop", headers={"Authorization": f"Bearer {token}"}, timeout=30).raise_for_status()
         proc.wait(timeout=900)
     finally:
         proc.kill()  # a no-op once it ended

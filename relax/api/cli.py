@@ -1,8 +1,9 @@
-"""`relax scale`: the elastic scaling API from the command line (httpx).
+"""`relax scale` and `relax stop`: the control API from the command line (httpx).
 
     relax scale --run-dir RUN out 3 --wait      # scale the rollout to 3 replicas, follow the operation
     relax scale --run-dir RUN in 1 [--force] [--dry-run] [--wait]
     relax scale --run-dir RUN engines | status ID | cancel ID | metrics
+    relax stop --run-dir RUN                    # end the run early, keeping the steps done
 
 `--run-dir` reads the address (`api.json`) and the token (`api_token`) the run wrote; `--url` and `--token`
 (or RELAX_API_TOKEN) give them directly.
@@ -21,9 +22,7 @@ TERMINAL = {"ACTIVE", "FAILED", "CANCELLED", "NOOP", "COMPLETED", "DRY_RUN"}
 
 def register(sub) -> None:
     p = sub.add_parser("scale", help="elastic rollout scaling of a running experiment (its control API)")
-    p.add_argument("--run-dir", help="the run folder (api.json + api_token)")
-    p.add_argument("--url", help="API address, e.g. http://127.0.0.1:8765")
-    p.add_argument("--token", help="bearer token (default: RELAX_API_TOKEN or <run-dir>/api_token)")
+    _address(p)
     ops = p.add_subparsers(dest="op", required=True)
     o = ops.add_parser("out", help="scale out to NUM replicas (absolute target)")
     o.add_argument("num_replicas", type=int)
@@ -41,6 +40,15 @@ def register(sub) -> None:
     c = ops.add_parser("cancel", help="cancel a scale-out")
     c.add_argument("request_id")
     p.set_defaults(func=main)
+    stop = sub.add_parser("stop", help="end a running experiment early, keeping the steps done (its control API)")
+    _address(stop)
+    stop.set_defaults(func=stop_main)
+
+
+def _address(p) -> None:
+    p.add_argument("--run-dir", help="the run folder (api.json + api_token)")
+    p.add_argument("--url", help="API address, e.g. http://127.0.0.1:8765")
+    p.add_argument("--token", help="bearer token (default: RELAX_API_TOKEN or <run-dir>/api_token)")
 
 
 def _endpoint(args) -> tuple[str, str]:
@@ -51,9 +59,9 @@ def _endpoint(args) -> tuple[str, str]:
             url = url or json.loads((run / "api.json").read_text())["url"]
             token = token or (run / "api_token").read_text().strip()
         except FileNotFoundError as err:
-            raise SystemExit(f"relax scale: {err.filename} not found: was the run started with --api-port?") from None
+            raise SystemExit(f"relax: {err.filename} not found: was the run started with --api-port?") from None
     if not url or not token:
-        raise SystemExit("relax scale: give --run-dir, or --url and --token (or RELAX_API_TOKEN)")
+        raise SystemExit("relax: give --run-dir, or --url and --token (or RELAX_API_TOKEN)")
     return url, token
 
 
@@ -92,3 +100,15 @@ def main(args) -> int:
                 print(f"{kind} {body['request_id'][:8]}: {body['status']}", file=sys.stderr)
         print(json.dumps(body, indent=2))
         return 0 if body.get("status") not in ("FAILED",) else 1
+
+
+def stop_main(args) -> int:
+    import httpx
+
+    url, token = _endpoint(args)
+    r = httpx.post(f"{url}/run/stop", headers={"Authorization": f"Bearer {token}"}, timeout=30)
+    if not r.is_success:
+        print(f"relax stop: HTTP {r.status_code}: {r.json().get('detail', r.text)}", file=sys.stderr)
+        return 1
+    print(json.dumps(r.json(), indent=2))
+    return 0

@@ -1,5 +1,6 @@
 """The HTTP control plane of a run (FastAPI): elastic rollout scaling, engines, health, Prometheus metrics
-(relax/api/prometheus.py), the run's status and its live view.
+(relax/api/prometheus.py), the run's status and its live view, and stopping the run early (`POST /run/stop`: the
+steps done are kept, summary.json says why the run ended).
 
 Started with the run (`relax run CONFIG --api-port PORT`, port 0 picks a free one); the bearer token is
 written to `<run_dir>/api_token` (mode 0600) and the address to `<run_dir>/api.json`. Every endpoint but
@@ -72,18 +73,27 @@ class EnginesView(BaseModel):
     total_engines: int
 
 
+class StopView(BaseModel):
+    status: str
+    reason: str
+    steps_done: int
+    steps: int
+
+
 class ErrorView(BaseModel):
     detail: str
 
 
 def _codes(*codes: int) -> dict:
     text = {400: "the request cannot be honoured (the message names the limit)", 401: "missing or wrong bearer token",
-            404: "no such operation", 409: "another operation is pending or running"}
+            404: "no such operation", 409: "another operation is pending or running",
+            501: "this run cannot be stopped over the API"}
     return {c: {"model": ErrorView, "description": text[c]} for c in codes}
 
 
 def create_app(manager: ScaleManager, token: str, metrics: Callable[[], dict] | None = None,
-               health: Callable[[], dict] | None = None, status: Callable[[], dict | None] | None = None) -> FastAPI:
+               health: Callable[[], dict] | None = None, status: Callable[[], dict | None] | None = None,
+               stop: Callable[[], dict] | None = None) -> FastAPI:
     app = FastAPI(title="Relax control API", version="1", openapi_url=None, docs_url=None, redoc_url=None,
                   description="Elastic rollout scaling and run status. Bearer token: <run_dir>/api_token.")
     bearer = HTTPBearer(auto_error=False)
@@ -148,6 +158,14 @@ def create_app(manager: ScaleManager, token: str, metrics: Callable[[], dict] | 
     @api.get("/rollout/scale_in/{request_id}", responses=_codes(404), response_model=OperationView, tags=["scaling"])
     def get_scale_in(request_id: str) -> dict:
         return op_or_404(request_id, "scale_in")
+
+    @api.post("/run/stop", responses=_codes(501), response_model=StopView, tags=["run"])
+    def stop_run() -> dict:
+        """End the run at the driver's next poll, keeping the steps done: summary.json (steps, steps_planned,
+        the sample account) and recovery.json are written as for a run a role stopped; `relax run` exits 1."""
+        if stop is None:
+            raise HTTPException(501, "this server was started without a run to stop")
+        return stop()
 
     @api.get("/rollout/engines", response_model=EnginesView, tags=["scaling"])
     def engines() -> dict:
@@ -225,13 +243,14 @@ class ApiServer:
 
 
 def start_api(run_dir: Path, manager: ScaleManager, port: int, host: str = "127.0.0.1",
-              metrics: Callable[[], dict] | None = None, health: Callable[[], dict] | None = None) -> ApiServer:
+              metrics: Callable[[], dict] | None = None, health: Callable[[], dict] | None = None,
+              stop: Callable[[], dict] | None = None) -> ApiServer:
     """Token first (the app needs it), then the server, then the address it really listens on. /status serves
     the run folder's status.json, which the controller keeps up to date."""
     from relax.run_folder import RunFolder
 
     token = secrets.token_urlsafe(32)
-    server = ApiServer(create_app(manager, token, metrics, health, RunFolder(run_dir).status), host, port)
+    server = ApiServer(create_app(manager, token, metrics, health, RunFolder(run_dir).status, stop), host, port)
     server.start()
     path = Path(run_dir) / "api_token"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

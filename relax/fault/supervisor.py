@@ -119,8 +119,18 @@ class Supervisor:
 
         self.scaler = ScaleManager(self.pool, max_replicas=self.cfg.rollout.max_replicas)
         self.api = start_api(self.ctx.run_dir, self.scaler, self.api_port, metrics=self.metrics,
-                             health=lambda: {"steps_done": len(self.ctx.records), "steps": self.cfg.steps})
+                             health=lambda: {"steps_done": len(self.ctx.records), "steps": self.cfg.steps},
+                             stop=self.request_stop)
         log.warning("control API on %s (token in %s)", self.api.url, Path(self.ctx.run_dir) / "api_token")
+
+    def request_stop(self) -> dict:
+        """POST /run/stop (the API's thread): the schedule's loop ends the run at its next poll; asking twice
+        keeps the first request."""
+        ctx = self.ctx
+        if ctx.stop_reason is None:
+            ctx.stop_reason = f"stopped over the control API after {len(ctx.records)} of {self.cfg.steps} steps"
+        return {"status": "stopping", "reason": ctx.stop_reason, "steps_done": len(ctx.records),
+                "steps": self.cfg.steps}
 
     def _create(self, name: str, index: int | None = None, resume: bool = False):
         cfg, ctx = self.cfg, self.ctx
@@ -199,6 +209,7 @@ class Supervisor:
                     progress, last_step_t = (len(ctx.records), len(self.events)), last_poll
                 elif last_poll - last_step_t > stall_limit(cfg.health.stall_timeout_s, ctx.records):
                     self._stalled(last_poll - last_step_t)
+                ctx.obey_stop()
         self.injector.stop()
         # Every partition is trained: the other loops end on their own.
         for ref, key in self._watched().items():

@@ -6,7 +6,7 @@ once a second (`Controller.write_status`); metrics.jsonl does not exist yet. Aft
 dict from summary.json, metrics.jsonl and recovery.json (runs from before status.json existed too).
 
 Schema (every number finite or null, so a browser's JSON.parse reads it):
-  run, experiment, profile, mode, state (starting | running | finished | failed), error, updated_at,
+  run, experiment, profile, mode, state (starting | running | finished | stopped | failed), error, updated_at,
   elapsed_s, steps_done, steps_total, reward [[step, reward_mean], ...], last {step's metrics},
   busy_share {role: share of the run's wall time inside that role's spans}, recoveries [...], faults [...],
   scale_operations [...], alerts {active [...], history [...], delivery_errors {...}}

@@ -88,6 +88,7 @@ def drive(ctx, bar, futures: dict, until: str = "actor") -> None:
                 raise RuntimeError(f"role '{futures[ref]}' failed: {err}") from err
             done_until |= futures[ref] == until
         ctx.poll(bar)
+        ctx.obey_stop()
     ray.get(pending)
 
 

@@ -12,6 +12,15 @@ from pathlib import Path
 from typing import Any, Callable
 
 
+class RunStopped(RuntimeError):
+    """The run ended before its planned steps and kept what it did in `run_dir`: a role stopped it (e.g.
+    training.max_nonfinite_steps) or an operator asked (`POST /run/stop`, `requested`)."""
+
+    def __init__(self, message: str, run_dir: Path, requested: bool = False):
+        super().__init__(f"{message} (results so far in {run_dir})")
+        self.run_dir, self.requested = run_dir, requested
+
+
 @dataclass
 class RunContext:
     cfg: Any  # ExperimentConfig
@@ -24,3 +33,10 @@ class RunContext:
     poll: Callable[[Any], None] = lambda bar: None  # poll(bar): new step records, progress bar, memory
     step_extra: dict[int, dict] = field(default_factory=dict)  # step -> extra metrics.jsonl fields (colocate)
     live: dict = field(default_factory=dict)  # the poll's newest view: "row", the last step's metrics.jsonl row
+    stop_reason: str | None = None  # set by the control API's thread (POST /run/stop); the schedule's loop obeys
+
+    def obey_stop(self) -> None:
+        """Raise RunStopped once an operator asked the run to stop: every schedule's driver loop calls it, so the
+        run ends between two polls and the controller keeps the steps done (relax/controller.py)."""
+        if self.stop_reason is not None:
+            raise RunStopped(self.stop_reason, self.run_dir, requested=True)

@@ -43,6 +43,7 @@ def run_colocate(ctx, supervisor, bar) -> None:
     n = len(replicas)
     shares = [list(range(i * P // n, (i + 1) * P // n)) for i in range(n)]
     for k in range(ctx.cfg.steps):
+        ctx.obey_stop()
         wake_s = max(ray.get([r.wake.remote(k) for r in replicas])) if k > 0 else 0.0
         ray.get([r.generate_partition.remote(k, share) for r, share in zip(replicas, shares) if share])
         slept = ray.get([r.sleep.remote() for r in replicas])

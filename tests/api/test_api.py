@@ -7,6 +7,7 @@ import os
 import stat
 import threading
 import time
+from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -100,7 +101,7 @@ def wait_status(client, kind, rid, statuses, timeout=10.0):
 PROTECTED = [("post", "/rollout/scale_out", {"num_replicas": 3}), ("get", "/rollout/scale_out/x", None),
              ("post", "/rollout/scale_out/x/cancel", None), ("post", "/rollout/scale_in", {"num_replicas": 2}),
              ("get", "/rollout/scale_in/x", None), ("get", "/rollout/engines", None), ("get", "/metrics", None),
-             ("get", "/openapi.json", None), ("get", "/status", None)]
+             ("get", "/openapi.json", None), ("get", "/status", None), ("post", "/run/stop", None)]
 
 
 @pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {TOKEN}"}])
@@ -386,7 +387,7 @@ def test_the_schema_documents_every_status_code_each_endpoint_returns(client):
             ("post", "/rollout/scale_in"): {200, 400, 401, 409, 422},
             ("get", "/rollout/scale_in/{request_id}"): {200, 401, 404, 422},
             ("get", "/rollout/engines"): {200, 401}, ("get", "/metrics"): {200, 401}, ("get", "/health"): {200},
-            ("get", "/status"): {200, 401}, ("get", "/view"): {200}}
+            ("get", "/status"): {200, 401}, ("get", "/view"): {200}, ("post", "/run/stop"): {200, 401, 501}}
     for (method, path), codes in want.items():
         assert {int(c) for c in paths[path][method]["responses"]} == codes, (method, path)
 
@@ -451,3 +452,27 @@ def test_every_metric_the_dashboard_queries_is_exported(pool):
     assert exported_names(text) == set(EXPORTED)
     used = dashboard_metric_names()
     assert len(used) >= 20 and used <= set(EXPORTED), used - set(EXPORTED)
+
+
+def test_run_stop_asks_the_schedule_loop_to_end_the_run_once(pool, tmp_path):
+    """POST /run/stop hands the request to the run (RunContext.stop_reason); the schedule's loop then raises
+    RunStopped, marked as asked for. Without a run behind the server it is 501."""
+    from relax.schedules.context import RunContext, RunStopped
+
+    assert TestClient(create_app(ScaleManager(pool), TOKEN)).post("/run/stop", headers=AUTH).status_code == 501
+    ctx = RunContext(cfg=None, run_dir=tmp_path, bus=None, telemetry=None, role_names=[], records={0: {}, 1: {}})
+    ctx.obey_stop()  # nothing asked: the loop goes on
+
+    from relax.fault.supervisor import Supervisor
+
+    run = SimpleNamespace(ctx=ctx, cfg=SimpleNamespace(steps=9))  # what Supervisor.request_stop reads
+    c = TestClient(create_app(ScaleManager(pool), TOKEN, stop=lambda: Supervisor.request_stop(run)))
+    reason = "stopped over the control API after 2 of 9 steps"
+    assert c.post("/run/stop", headers=AUTH).json() == {"status": "stopping", "reason": reason, "steps_done": 2,
+                                                         "steps": 9}
+    ctx.records[2] = {}
+    again = c.post("/run/stop", headers=AUTH).json()
+    assert again["reason"] == reason and again["steps_done"] == 3  # the first request's reason holds
+    with pytest.raises(RunStopped, match=reason) as err:
+        ctx.obey_stop()
+    assert err.value.requested and err.value.run_dir == tmp_path

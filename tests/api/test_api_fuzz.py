@@ -1,6 +1,7 @@
 """Schemathesis against a live run (issue 16): every operation of the control API, POST scale_out included, fuzzed
-with valid and invalid input; no answer is a 5xx, every answer conforms to the schema, and the run then
-finishes having lost and repeated no sample."""
+with valid and invalid input; no answer is a 5xx, every answer conforms to the schema, and the run, stopped over
+the API once the fuzzing is done (POST /run/stop, the one operation not fuzzed: it ends the run), has lost and
+repeated no sample."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
@@ -24,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 EXAMPLES = 6  # per operation and generation mode: ~100 requests in all, a minute with a replica started
+STOP = "POST /run/stop"
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 
 
@@ -38,7 +41,7 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout: float) -> None:
 
 
 def test_fuzzing_every_operation_of_a_live_run_gets_no_5xx_and_loses_no_sample(tmp_path):
-    steps = 40  # long enough to outlive the fuzzing (checked below: the run must still be up when it ends)
+    steps = 1000  # more than the fuzzing needs on any machine: the test stops the run itself
     cmd = [sys.executable, "-m", "relax.cli", "run", str(ROOT / "experiments/async/cpu.yaml"), "--no-progress",
            "--out", str(tmp_path), "--run", "fuzz", "--api-port", "0", f"steps={steps}",
            "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.chunk_groups=1", "warmup.steps=20",
@@ -56,6 +59,8 @@ def test_fuzzing_every_operation_of_a_live_run_gets_no_5xx_and_loses_no_sample(t
         operations = [result.ok() for result in schema.get_all_operations()]
         labels = {op.label for op in operations}
         assert "POST /rollout/scale_out" in labels and "POST /rollout/scale_in" in labels, labels
+        assert STOP in labels, labels
+        operations = [op for op in operations if op.label != STOP]
 
         for op in operations:
             for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
@@ -74,15 +79,18 @@ def test_fuzzing_every_operation_of_a_live_run_gets_no_5xx_and_loses_no_sample(t
                 except Unsatisfiable:  # nothing to make invalid (an operation with no parameters or body)
                     assert mode == GenerationMode.NEGATIVE and not list(op.path_parameters) and len(op.body) == 0
         assert proc.poll() is None, "the run finished before the fuzzing did: raise `steps`"
-        assert set(calls) == labels  # every operation was called
-        rc = proc.wait(timeout=1200)
-        assert rc == 0, (tmp_path / "run.log").read_text()[-4000:]
+        assert set(calls) == labels - {STOP}  # every other operation was called
+        stop = httpx.post(f"{url}/run/stop", headers=auth, timeout=30)
+        assert stop.status_code == 200 and stop.json()["status"] == "stopping", stop.text
+        rc = proc.wait(timeout=600)
+        assert rc == 1, (tmp_path / "run.log").read_text()[-4000:]  # stopped early: not a finished run
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
         log.close()
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["steps"] == steps
+    assert summary["steps_planned"] == steps and 1 <= summary["steps"] < steps
+    assert "stopped over the control API" in summary["error"]
     assert summary["samples_lost"] == 0 and summary["samples_duplicated"] == 0
     print({k: sorted(set(v)) for k, v in calls.items()})  # which answers the fuzzing got, per operation

@@ -354,6 +354,7 @@ def test_non_finite_steps_are_skipped_and_enough_in_a_row_stop_the_run(tmp_path)
 
     # stopped, not finished: figures and reports that take the newest finished run never pick it
     assert RunFolder(run_dir).stopped and not RunFolder(run_dir).complete and latest_runs(tmp_path) == {}
+    assert json.loads((run_dir / "status.json").read_text())["state"] == "stopped"
     rec = json.loads((run_dir / "recovery.json").read_text())
     assert [(f["kind"], f["at_step"], f["steps_done"]) for f in rec["faults"]] == [("nan", 1, 1), ("nan", 3, 3),
                                                                                  ("nan", 4, 4)]
