@@ -66,7 +66,8 @@ class Spawned:
         self._log.close()
         self._load.__exit__(None, None, None)
         folder = RunFolder(self.run_dir)
-        if rc == 0 and folder.complete:
+        # a run stopped on purpose (POST /run/stop: rc 1, its summary kept) was timed as much as a finished one
+        if (rc == 0 and folder.complete) or folder.stopped:
             folder.write_host_load(self._load.record)
 
 
