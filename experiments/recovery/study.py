@@ -33,10 +33,10 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 import yaml
 
 from experiments import launch
+from relax.api.cli import post_stop
 from relax.run_folder import HostLoad, RunFolder
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -101,7 +101,7 @@ def run_elastic(root: Path, groups: int = 8) -> dict:
             result = {"error": str(err), "phases": [], "operations": []}
         # The run's `steps` outlast the phases on any machine; it ends here, its steps kept (POST /run/stop).
         if proc.poll() is None:
-            httpx.post(f"{url}/run/stop", headers={"Authorization": f"Bearer {token}"}, timeout=30).raise_for_status()
+            post_stop(url, token).raise_for_status()
         proc.wait(timeout=900)
     finally:
         proc.kill()  # a no-op once it ended

@@ -102,11 +102,16 @@ def main(args) -> int:
         return 0 if body.get("status") not in ("FAILED",) else 1
 
 
-def stop_main(args) -> int:
+def post_stop(url: str, token: str):
+    """POST /run/stop with the bearer token: `relax stop`, and the studies that end their own live runs."""
     import httpx
 
+    return httpx.post(f"{url}/run/stop", headers={"Authorization": f"Bearer {token}"}, timeout=30)
+
+
+def stop_main(args) -> int:
     url, token = _endpoint(args)
-    r = httpx.post(f"{url}/run/stop", headers={"Authorization": f"Bearer {token}"}, timeout=30)
+    r = post_stop(url, token)
     if not r.is_success:
         print(f"relax stop: HTTP {r.status_code}: {r.json().get('detail', r.text)}", file=sys.stderr)
         return 1
