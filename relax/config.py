@@ -26,6 +26,9 @@ class ModelConfig(Strict):
     # hf: a local Hugging Face folder (`path`), as on a cluster. tiny_omni: tiny Qwen3 + small vision / audio
     # encoders with projectors (relax/omni/model.py), the char tokenizer plus media placeholder tokens.
     kind: Literal["tiny_qwen3", "tiny_qwen3_moe", "smollm2", "hf", "tiny_omni"] = "tiny_qwen3"
+    # tiny_qwen3 only: transformers' Qwen3, or relax/models/native_qwen3.py (the same architecture and parameter
+    # names in plain torch: no transformers import, less per-call overhead; the emulated runs' stand-in uses it)
+    implementation: Literal["transformers", "native"] = "transformers"
     path: str | None = None
     tokenizer: Literal["char", "hf"] = "char"
     hidden_size: int = Field(128, ge=8)
@@ -42,6 +45,8 @@ class ModelConfig(Strict):
 
     @model_validator(mode="after")
     def _check(self) -> "ModelConfig":
+        if self.implementation == "native" and self.kind != "tiny_qwen3":
+            raise ValueError(f"model.implementation: 'native' is a dense tiny_qwen3 only (model.kind is {self.kind!r})")
         if self.kind == "hf" and not self.path:
             raise ValueError("model.path is required when model.kind is 'hf'")
         if self.num_heads % self.num_kv_heads:

@@ -111,7 +111,10 @@ def export_run(run_dir: str | Path, to: str | Path, *, seed: int | None = None, 
     if not weights.is_file():
         raise ExportError(f"{run_dir}: no {FINAL_WEIGHTS}; runs save it when they finish (older runs did not)")
     cfg = validate(yaml.safe_load(cfg_path.read_text()))
-    model, tok = build_model(cfg.model, cfg.seed if seed is None else seed)
+    # transformers' model whatever trained it: the native Qwen3 has its parameter names, and only this one has
+    # save_pretrained
+    mcfg = cfg.model.model_copy(update={"implementation": "transformers"})
+    model, tok = build_model(mcfg, cfg.seed if seed is None else seed)
     state = load_file(str(weights))
     res = model.load_state_dict(state, strict=False)
     tied = getattr(model.config, "tie_word_embeddings", False)

@@ -4,7 +4,7 @@ compression factor (`emulate` section; `relax run CONFIG --emulate h800`).
 
 - `engine_config(cfg)`: the config that actually runs. The experiment as written (its model shape, GPU pools,
   parallel layout, engine, trainer) is kept in `emulate.target`, which prices the work; what runs is a tiny
-  Qwen3 with the char tokenizer (so DCS and the bus move real, small state), the torch trainer, the emulated
+  Qwen3 (plain torch) with the char tokenizer (so DCS and the bus move real, small state), the torch trainer, the emulated
   engine (relax/emulate/engine.py), no real GPUs (resources.*.gpus 0: Ray places nothing on GPUs) and a local
   prompt generator (the prompts' text does not matter: tokens are synthetic).
 - `Emulator`: per process, the cost model and the sim's response lengths for the target (the same draw as
@@ -26,9 +26,11 @@ from contextlib import contextmanager
 
 from relax.config import ConfigError, ExperimentConfig, validate
 
-# The stand-in policy: as small as the char tokenizer allows (its weights are what DCS moves for real).
-TINY_MODEL = {"kind": "tiny_qwen3", "tokenizer": "char", "hidden_size": 32, "num_layers": 1, "num_heads": 2,
-              "num_kv_heads": 1, "intermediate_size": 64}
+# The stand-in policy: as small as the char tokenizer allows (its weights are what DCS moves for real), in plain
+# torch (relax/models/native_qwen3.py): its real milliseconds weigh `compression` modelled ones, and every model
+# process would otherwise import transformers (~3 s of CPU each).
+TINY_MODEL = {"kind": "tiny_qwen3", "implementation": "native", "tokenizer": "char", "hidden_size": 32,
+              "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 64}
 STAND_IN_TASK = {"kind": "text", "name": "basic_arithmetic", "params": {}, "size": 512, "eval_size": 0,
                  "reward": "reasoning_gym", "prompt_template": "{question} Answer:"}
 

@@ -64,8 +64,26 @@ def tiny_config(cfg: ModelConfig, vocab_size: int):
     return Qwen3Config(**common)
 
 
+def native_shape(cfg: ModelConfig, vocab_size: int):
+    """`tiny_config`'s dense Qwen3 fields for relax/models/native_qwen3.py (no transformers import)."""
+    from relax.models.native_qwen3 import Qwen3Shape
+
+    return Qwen3Shape(vocab_size=vocab_size, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
+                      num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
+                      head_dim=cfg.hidden_size // cfg.num_heads, intermediate_size=cfg.intermediate_size,
+                      max_position_embeddings=cfg.max_position, tie_word_embeddings=cfg.tie_embeddings,
+                      pad_token_id=CharTokenizer.pad_token_id, bos_token_id=CharTokenizer.bos_token_id,
+                      eos_token_id=CharTokenizer.eos_token_id)
+
+
 def build_model(cfg: ModelConfig, seed: int = 0):
     """Build the policy model and its tokenizer (random init for tiny kinds, seeded)."""
+    if cfg.implementation == "native":
+        from relax.models.native_qwen3 import NativeQwen3ForCausalLM
+
+        tok = CharTokenizer()
+        torch.manual_seed(seed)
+        return NativeQwen3ForCausalLM(native_shape(cfg, tok.vocab_size)).float(), tok
     if cfg.kind in ("tiny_qwen3", "tiny_qwen3_moe"):
         from transformers import AutoModelForCausalLM
 
