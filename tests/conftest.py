@@ -136,9 +136,8 @@ def listeners(root) -> dict[tuple[str, int], str]:
     return out
 
 
-def _kill_engine_server_at(root, version: int) -> int | None:
-    """SIGKILL the run's torch engine server (a descendant of `root`) once it reports weight version >= `version`;
-    its pid, or None while it is not up or not there yet."""
+def _engine_server(root):
+    """(pid, weight version) of the run's torch engine server (a descendant of `root`), or None while it is not up."""
     import psutil
 
     from relax.engines.sglang import EngineClient
@@ -152,9 +151,7 @@ def _kill_engine_server_at(root, version: int) -> int | None:
             continue
         client = EngineClient(f"http://127.0.0.1:{cmd[cmd.index('--port') + 1]}", timeout=5)
         try:
-            if int(client.weight_version()) >= version:
-                p.kill()
-                return p.pid
+            return p, int(client.weight_version())
         except Exception:  # noqa: BLE001 - not up yet
             pass
         finally:
@@ -169,32 +166,44 @@ def torch_http_run(tmp_path_factory):
     socket listens on loopback) and tests/engines/test_remote_engine.py (a SIGKILLed server restarts its replica).
 
     While it trains, this samples every listening socket of the run's process tree, and SIGKILLs the engine server
-    once it holds version 2. 6 steps: with max_staleness 1 partition k needs weights >= k - 1, so partitions 4 and 5
-    are still to come then and need a live server (with 4 steps the Rollout could already have generated everything
-    and never notice the kill)."""
+    while it holds a version in KILL_VERSIONS. With max_staleness 1 partition k is generated with weights >= k - 1,
+    so a server at version v <= steps - 3 has not yet been asked for the last partition: the Rollout must find it
+    dead. A kill at a later version could land after the Rollout's last request, and nothing would notice it (CI
+    failed that way once: recovery.json had no event). The window is every version from 1, so a poll that lags
+    (a loaded machine, the server busy generating) still has three steps to land in it."""
     import psutil
 
     tmp = tmp_path_factory.mktemp("torch_http")
     out = tmp / "results"
-    cmd = [sys.executable, "-m", "relax.cli", "run", "experiments/async/cpu.yaml", "--steps", "6", "--out", str(out),
-           "--run", "net", "--no-progress", "--api-port", "0", "rollout.engine=torch_http", *SMALL]
+    steps = 6
+    cmd = [sys.executable, "-m", "relax.cli", "run", "experiments/async/cpu.yaml", "--steps", str(steps), "--out",
+           str(out), "--run", "net", "--no-progress", "--api-port", "0", "rollout.engine=torch_http", *SMALL]
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}  # ignored: a local run keeps token auth on
     log_path = tmp / "run.log"
     seen: dict[tuple[str, int], str] = {}
-    killed = None
+    killed, versions = None, []
+    window = range(1, steps - 2)
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.time() + 900
+        last_scan = 0.0
         try:
             root = psutil.Process(proc.pid)
             while proc.poll() is None and time.time() < deadline:
-                seen.update(listeners(root))
-                if killed is None:
-                    killed = _kill_engine_server_at(root, 2)
-                time.sleep(0.3)
+                if time.time() - last_scan > 1.0:  # the socket scan is slow (every process's table): not each poll
+                    seen.update(listeners(root))
+                    last_scan = time.time()
+                server = _engine_server(root) if killed is None else None
+                if server is not None:
+                    versions.append(server[1])
+                    if server[1] in window:
+                        server[0].kill()
+                        killed = SimpleNamespace(pid=server[0].pid, version=server[1])
+                time.sleep(0.1)
+            seen.update(listeners(root))
         finally:
             if proc.poll() is None:
                 proc.kill()
             proc.wait()
     return SimpleNamespace(returncode=proc.returncode, log=log_path.read_text(), run_dir=out / "async" / "cpu" / "net",
-                           seen=seen, killed=killed)
+                           seen=seen, killed=killed, versions=sorted(set(versions)), steps=steps)

@@ -146,15 +146,17 @@ def test_external_engine_by_url():
 
 @pytest.mark.slow
 def test_async_torch_http_dead_server_restarts_the_replica(torch_http_run):
-    """The engine server of the (only) Rollout replica is SIGKILLed mid-run, once it holds version 2 with partitions
-    4 and 5 still to come: the replica exits, Tier 1 restarts it with a fresh server, and the run trains every
-    sample once. The 6-step run (tests/conftest.py) is shared with tests/test_e2e.py and
+    """The engine server of the (only) Rollout replica is SIGKILLed mid-run, while it holds a version that leaves
+    the last partition still to generate (tests/conftest.py): the replica exits, Tier 1 restarts it with a fresh
+    server, and the run trains every sample once. The 6-step run is shared with tests/test_e2e.py and
     tests/test_cluster_network.py."""
     run = torch_http_run
-    assert run.killed, "no engine server was found to kill"
+    assert run.killed, f"the engine server was never seen at a version in the kill window (seen: {run.versions})"
+    assert run.killed.version <= run.steps - 3
     assert run.returncode == 0, run.log[-4000:]
     summary = json.loads((run.run_dir / "summary.json").read_text())
     assert summary["samples_trained"] == 6 * 16
     assert summary["samples_lost"] == 0 and summary["samples_duplicated"] == 0
     rec = json.loads((run.run_dir / "recovery.json").read_text())
-    assert [(e["role"], e["tier"]) for e in rec["events"]] == [("rollout", 1)]
+    assert [(e["role"], e["tier"]) for e in rec["events"]] == [("rollout", 1)], \
+        f"killed pid {run.killed.pid} at version {run.killed.version}; log: {run.log[-3000:]}"
