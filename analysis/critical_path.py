@@ -20,11 +20,11 @@ from matplotlib.patches import Patch  # noqa: E402
 
 from analysis.plot import save  # noqa: E402
 from analysis.published import value as published_value  # noqa: E402
-from analysis.results import SYSTEMS, load_metrics, load_trace  # noqa: E402
+from analysis.results import SYSTEMS, load_metrics, load_summary, load_trace, run_kind  # noqa: E402
 from relax.metrics.telemetry import union_seconds  # noqa: E402
 from relax.schedules import spans as S  # noqa: E402
 
-LANES = ["rollout", "reward", "reference", "advantages", "actor"]
+LANES = ["rollout", "reward", "reference", "actor_fwd", "advantages", "actor"]
 LANE_LABEL = {"actor": "actor (trainer)"}
 
 # Gantt colours by span name (anything else: light grey).
@@ -32,7 +32,7 @@ SPAN_COLOR = {
     "generate": "#1f77b4", "weight_sync": "#9467bd", "sleep": "#bcbd22", "wake": "#bcbd22",
     "reward": "#17becf", "advantages": "#8c564b",
     "ref_log_probs": "#ff7f0e", "ref_forward": "#ff7f0e", "ref_forward_wait": "#ffbb78",
-    "old_logprob": "#e377c2",
+    "old_logprob": "#e377c2", "old_log_probs": "#e377c2",
     "train_micro_batch": "#d62728", "optimizer_step": "#8b0000",
     "weight_publish": "#9467bd", "weight_sync_barrier": "#c5b0d5", "broadcast_lock_wait": "#c5b0d5",
     "rollout_residual": "#f7b6d2", "trainer_wait": "#f7b6d2",
@@ -88,7 +88,7 @@ def critical_path_table(runs: dict[str, Path]) -> pd.DataFrame:
         df = step_breakdowns(run)
         steady = df[df.step > 0] if len(df) > 1 else df
         mean = steady.mean(numeric_only=True)
-        row = {"system": SYSTEMS[key].label, "measured on": "2-core CPU", "step_time_s": round(mean.step_time_s, 4)}
+        row = {"system": SYSTEMS[key].label, "measured on": _measured_on(run), "step_time_s": round(mean.step_time_s, 4)}
         for c in S.CATEGORIES:
             row[f"{c} (s)"] = round(mean[c], 4)
         wait = mean[S.WAIT_ROLLOUT] + mean[S.IDLE]
@@ -110,6 +110,14 @@ def critical_path_table(runs: dict[str, Path]) -> pd.DataFrame:
         rows.append({"system": "relax async, published (16xH800)", "measured on": "16xH800", "step_time_s": r_step,
                      f"{S.WAIT_ROLLOUT} (s)": r_wait, "trainer wait share": round(r_wait / r_step, 4)})
     return pd.DataFrame(rows)
+
+
+def _measured_on(run: Path) -> str:
+    """Where a run's trace comes from: this machine, or an EMULATED / SIMULATED cluster (its trace is then in
+    that cluster's seconds, or real seconds under the stated compression)."""
+    s = load_summary(run)
+    kind, _ = run_kind(s)
+    return s.get("environment", {}).get("hardware", "2-core CPU") if kind == "measured" else kind
 
 
 def plot_gantt(runs: dict[str, Path], out: Path) -> Path:
@@ -134,7 +142,7 @@ def plot_gantt(runs: dict[str, Path], out: Path) -> Path:
                                linewidth=0.4, hatch="//" if waiting else None)
         b = breakdown(trace, t0, t1)
         wait = b[S.WAIT_ROLLOUT] + b[S.IDLE]
-        title = (f"{SYSTEMS[key].label}: step {step}, {t1 - t0:.2f} s  |  trainer wait {wait:.2f} s"
+        title = (f"{SYSTEMS[key].label} ({_measured_on(run)}): step {step}, {t1 - t0:.2f} s  |  trainer wait {wait:.2f} s"
                  f"  |  reference forward on path {b[S.REFERENCE]:.2f} s  |  weight sync {b[S.WEIGHT_SYNC]:.2f} s")
         ax.set_title(title, fontsize=9, loc="left")
         ax.axvline(0, color="black", lw=0.8)
@@ -159,9 +167,10 @@ def plot_gantt(runs: dict[str, Path], out: Path) -> Path:
                Patch(facecolor="#dddddd", hatch="//", edgecolor="black",
                      label="rollout gated (staleness / queue / lock)")]
     fig.legend(handles=legend, loc="lower center", ncol=5, fontsize=8, frameon=False)
-    fig.suptitle("Critical path of one training step per system (measured, 2-core CPU; veRL and OpenRLHF "
-                 "schedules emulated)", fontsize=11)
-    fig.tight_layout(rect=(0, 0.09, 1, 0.97))
+    fig.suptitle("Critical path of one training step per system (each panel: where it ran, or EMULATED / "
+                 "SIMULATED; veRL and OpenRLHF schedules emulated)", fontsize=11)
+    height = fig.get_size_inches()[1]
+    fig.tight_layout(rect=(0, 0.85 / height, 1, 1 - 0.3 / height))  # the legend's and title's inches
     path = out / "critical_path_gantt.png"
     save(fig, path)
     return path
@@ -184,8 +193,8 @@ def plot_breakdown(table: pd.DataFrame, out: Path) -> Path:
             label="not itemised (published figure)")
     ax.set_xlim(0, 1)
     ax.set_xlabel("share of the step time on the trainer's critical path")
-    ax.set_title("Where the trainer's step goes: measured (2-core CPU, veRL/OpenRLHF emulated) and "
-                 "published (16xH800)", fontsize=10)
+    ax.set_title("Where the trainer's step goes: our runs (veRL/OpenRLHF emulated; the table's 'measured on' "
+                 "says where or how each ran) and published (16xH800)", fontsize=10)
     ax.invert_yaxis()
     ax.legend(fontsize=8, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.18), frameon=False)
     fig.tight_layout()

@@ -2,7 +2,9 @@
 
 One row per run (a run folder, or every run folder below a folder named): its system (relax mode, or a
 schedule emulated), steps/hour, mean step time, reward at the start and end, held-out accuracy before and
-after RL, staleness and pipeline efficiency. `--against published` adds the paper's numbers for the same
+after RL, staleness and pipeline efficiency. Column `kind` says how each number came about: measured, EMULATED (the
+real engine on emulated GPUs: its step times are the emulated hardware's seconds, the compression undone) or
+SIMULATED (`relax simulate`: no engine ran, so it has no rewards). `--against published` adds the paper's numbers for the same
 system (16xH800) and the speed-up of each run over the first one (the first run's step time over this one's:
 above 1 is faster), measured beside published: the way to put a new algorithm or schedule next to the paper.
 """
@@ -13,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.results import SYSTEMS, hardware, load_config, load_summary, published_metric, system_of
+from analysis.results import SYSTEMS, hardware, run_kind, load_config, load_summary, published_metric, system_of
 from relax.run_folder import find_runs
 
 
@@ -27,15 +29,17 @@ def report_table(paths: list[Path | str], against: str | None = None) -> pd.Data
     keys = [system_of(s) for s in summaries]
     rows = []
     for run, s, key in zip(runs, summaries, keys):
+        kind, timing = run_kind(s)
         rows.append({
             "run": "/".join(Path(run).parts[-3:]),
             "system": SYSTEMS[key].label if key in SYSTEMS else key,
+            "kind": kind,
             "algorithm": "{}/{}".format(*_algorithm(run)),
             "steps": s["steps"],
-            "steps/hour": _round(s["steps_per_hour"], 1),
-            "step time (s)": _round(s["mean_step_time_s"], 4),
-            "reward start": _round(s["initial_reward"]),
-            "reward end": _round(s["final_reward"]),
+            "steps/hour": _round(timing["steps_per_hour"], 1),
+            "step time (s)": _round(timing["mean_step_time_s"], 4),
+            "reward start": _round(s.get("initial_reward")),
+            "reward end": _round(s.get("final_reward")),
             "eval acc start": _round(s.get("eval_accuracy_start")),
             "eval acc end": _round(s.get("eval_accuracy_end")),
             "max staleness": s.get("max_staleness"),
@@ -53,8 +57,8 @@ def report_table(paths: list[Path | str], against: str | None = None) -> pd.Data
         pub_sph = [published_metric(k, "steps_per_hour", against=ctx) if k in SYSTEMS else None for k in keys]
         df["published step time (s, 16xH800)"] = pub_step
         df["published steps/hour (16xH800)"] = pub_sph
-        df["speed-up vs first run, measured (x)"] = [
-            round(base["mean_step_time_s"] / s["mean_step_time_s"], 3) for s in summaries]
+        step = [run_kind(s)[1]["mean_step_time_s"] for s in summaries]
+        df["speed-up vs first run, this table (x)"] = [round(step[0] / t, 3) for t in step]
         df["speed-up vs first run, published (x)"] = [_published_speedup(base_key, k) for k in keys]
     return df
 
@@ -78,10 +82,16 @@ def format_table(df: pd.DataFrame, fmt: str = "markdown") -> str:
         return df.to_csv(index=False)
     text = df.to_markdown(index=False)
     emulated = any("(emulated)" in str(s) for s in df.get("system", []))
+    kinds = set(df.get("kind", []))
     notes = []
     if emulated:
         notes.append("(emulated): the veRL / OpenRLHF schedule emulated in Relax with Relax's kernels, not that "
                      "framework.")
+    if any(k.startswith("EMULATED") for k in kinds):
+        notes.append("EMULATED: the real engine on this machine, each unit of GPU work paced to the cost model's "
+                     "time on that hardware; step times in the emulated hardware's seconds.")
+    if any(k.startswith("SIMULATED") for k in kinds):
+        notes.append("SIMULATED: the cost model and discrete-event simulator (relax simulate); no engine ran.")
     if any(c.startswith("published") for c in df.columns):
         notes.append("Published: Relax paper (arXiv 2604.11554), 16xH800, Qwen3-4B; measured: the hardware column. "
                      "Compare speed-ups, not absolute times.")

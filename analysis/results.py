@@ -113,6 +113,18 @@ def hardware(summary: dict, config: dict | None = None) -> str:
     return f"{hw}, {model}"
 
 
+def run_kind(summary: dict) -> tuple[str, dict]:
+    """How a run's numbers came about, and the summary part whose step times to show: an emulated-GPU run's are
+    the emulated hardware's seconds (its top-level ones are this machine's real seconds)."""
+    if summary.get("simulated"):
+        where = summary.get("environment", {}).get("hardware", "").removeprefix("simulated: ")
+        return f"SIMULATED ({where})" if where else "SIMULATED", summary
+    emu = summary.get("emulated_hardware")
+    if emu:
+        return f"EMULATED {emu['hardware']} ({emu['compression']:g}x compression)", emu
+    return "measured", summary
+
+
 def published_metric(key: str, metric: str, against: str | None = None) -> float | None:
     """A system's published `metric`. Relax async compared with veRL uses the paper's vs-veRL run."""
     sys = SYSTEMS[key]

@@ -107,7 +107,7 @@ def test_report_against_published(capsys):
     df = report.report_table([runs["async_off_policy"], runs["verl"], runs["colocate"]], against="published")
     assert list(df["published step time (s, 16xH800)"]) == [125.6, 150.5, 225.9]
     assert list(df["speed-up vs first run, published (x)"]) == [1.0, 0.835, 0.569]  # >1: faster than the first
-    m = df["speed-up vs first run, measured (x)"]
+    m = df["speed-up vs first run, this table (x)"]
     assert m.iloc[0] == 1.0 and (m > 0).all()
     for col in ("steps/hour", "step time (s)", "reward start", "reward end", "eval acc end", "max staleness",
                 "pipeline efficiency"):
@@ -198,3 +198,28 @@ def test_draw_all_only_the_runs_given(tmp_path):
     assert list(systems.system) == ["relax async off-policy", "veRL (emulated)"]
     assert not (tmp_path / "tables" / "staleness.csv").exists()  # one staleness setting is no sweep
     assert tmp_path / "figures" / "critical_path_gantt.png" in written
+
+
+def test_report_and_critical_path_draw_simulated_and_emulated_runs_labelled(tmp_path, capsys):
+    """`relax simulate`'s run folder (no rewards: no engine ran) and an emulated-GPU run go through `relax report`
+    and the critical path like any run, each labelled: an emulated run's step time is the emulated hardware's."""
+    from relax.cli import main
+
+    root = Path(__file__).resolve().parents[2]
+    assert main(["simulate", str(root / "experiments/async/h800x16.yaml"), "--steps", "3", "--out",
+                 str(tmp_path)]) == 0
+    sim = find_runs([tmp_path])[0]
+    emu = root / "results/reference/emulate/runs/async/h800x16-emu-h800/async_off_policy"
+    df = report.report_table([sim, emu])
+    assert list(df["kind"]) == ["SIMULATED (16x h800)", "EMULATED h800 (100x compression)"]
+    assert df["reward start"].isna().iloc[0] and df["reward start"].notna().iloc[1]
+    emu_summary = json.loads((emu / "summary.json").read_text())
+    assert df["step time (s)"].iloc[1] == round(emu_summary["emulated_hardware"]["mean_step_time_s"], 4)
+    assert df["step time (s)"].iloc[1] != round(emu_summary["mean_step_time_s"], 4)  # not this machine's seconds
+    capsys.readouterr()
+    assert main(["report", str(sim), str(emu)]) == 0
+    out = capsys.readouterr().out
+    assert "SIMULATED: the cost model" in out and "EMULATED: the real engine" in out
+    table = critical_path.critical_path_table({"async_off_policy": sim})
+    assert table["measured on"].iloc[0] == "SIMULATED (16x h800)"
+    assert critical_path.plot_gantt({"async_off_policy": sim}, tmp_path).exists()
