@@ -1,5 +1,7 @@
 """`relax profile CONFIG [key=value ...] --out FILE`: measure this machine's hardware profile with our own code,
-in the format of relax/sim/hardware/*.yaml (every number's source says "measured" and how).
+in the format of relax/sim/hardware/*.yaml: every number's source says "measured" and how, or "assumed (not
+measured: why)" for the defaults and conventions it does not time (the loopback links, the decode efficiencies a CPU
+profile folds into its decode step, and without --ray the bus and RPC costs).
 
 What it times, for the config's model, at the config's thread counts:
 - device: a square fp32 matmul (peak FLOP/s) and a copy into a reused buffer (memory bandwidth);
@@ -12,8 +14,8 @@ What it times, for the config's model, at the config's thread counts:
 - rewards: the task's own score function per sample;
 - with --ray: a Ray actor round trip (rpc_s); the bus itself (relax.bus over TransferQueue): put_rows + fetch of
   rollout-like rows at two batch sizes, the slope per row (bus_row_s) and the intercept per call (bus_call_s); a Ray
-  object-store put + get of 64 MiB (bus_bytes_per_s). Without it those lines say "not measured" and keep the
-  machine-independent default of the DESIGN notes.
+  object-store put + get of 64 MiB (bus_bytes_per_s). Without it those lines are "assumed (not measured ...)" and
+  keep the machine-independent default of the DESIGN notes.
 - with --ray, the run's infrastructure on the machine's cores (what a CPU profile's roles share them with): the
   machine-wide busy cores of an idle session -- Ray, the bus, the DCS coordinator and one heartbeating DCS member
   per role process of the config (background_cores) -- and the CPU a bus put + fetch burns across all processes
@@ -51,6 +53,12 @@ def machine_busy_s() -> float:
 
 def _m(value: float, how: str, **band) -> dict:
     return {"value": float(max(value, 0.0)), "source": f"measured ({how})", **band}
+
+
+def _given(value: float, why: str) -> dict:
+    """A number `relax profile` does not measure: a default or a modelling convention, sourced as assumed (so the
+    simulator's summary lists it under `assumed`), never as measured."""
+    return {"value": float(value), "source": f"assumed (not measured: {why})"}
 
 
 def measure(cfg: ExperimentConfig, ray_costs: bool = False, reps: int = 5) -> dict:
@@ -152,34 +160,34 @@ def measure(cfg: ExperimentConfig, ray_costs: bool = False, reps: int = 5) -> di
                         f"{threads_r}, actor threads {threads_a}, engine call of {B} requests"),
         "measured": True,
         "device": {"peak_flops": _m(peak, f"fp32 {n}x{n} matmul, {threads_a} thread(s)"),
-                   "memory_bytes": _m(64e9, "not measured; memory is not the bound on this machine"),
+                   "memory_bytes": _given(64e9, "memory is not the bound on this machine"),
                    "memory_bw": _m(bw, "copy of 32 MiB into a reused buffer"),
                    "per_node": _m(os.cpu_count() or 1, "os.cpu_count(): the cores every role shares")},
-        "links": {"intra_node": _m(bw, "memory copy stands in for loopback"),
-                  "inter_node": _m(bw, "memory copy stands in for loopback"),
-                  "host": _m(bw, "memory copy"),
-                  "latency_s": _m(0.0, "not measured")},
+        "links": {"intra_node": _given(bw, "the memory copy's bandwidth stands in for loopback"),
+                  "inter_node": _given(bw, "the memory copy's bandwidth stands in for loopback"),
+                  "host": _m(bw, "copy of 32 MiB into a reused buffer"),
+                  "latency_s": _given(0.0, "loopback")},
         "efficiency": {
             "train_mfu": _m(mfu, f"slope of forward+backward time over {small} vs {big} rows"),
-            "train_mfu_moe": _m(mfu, "same as train_mfu (the model measured)"),
+            "train_mfu_moe": _given(mfu, "train_mfu of the model measured, dense or not"),
             "forward_mfu": _m(fmfu, f"slope of log-prob forward time over {small} vs {big} rows"),
             "prefill": _m(prefill_eff, f"engine call of {B} prompts ({prompt_tokens:.1f} tokens) less its decode"),
-            "decode_bw": _m(1.0, "folded into rollout.step_overhead_s"),
-            "decode_flops": _m(1.0, "folded into rollout.step_overhead_s"),
-            "link": _m(1.0, "folded into the measured bandwidths")},
+            "decode_bw": _given(1.0, "1 by construction: the decode step is folded into rollout.step_overhead_s"),
+            "decode_flops": _given(1.0, "1 by construction: the decode step is folded into rollout.step_overhead_s"),
+            "link": _given(1.0, "1 by construction: folded into the bandwidths")},
         "rollout": {
-            "mem_fraction": _m(1.0, "not a bound on a CPU"),
-            "max_running_requests": _m(10**6, "the torch engine batches a whole call"),
+            "mem_fraction": _given(1.0, "the KV cache is not a bound on a CPU"),
+            "max_running_requests": _given(10**6, "the torch engine batches a whole call"),
             "step_overhead_s": _m(step, f"TorchEngine.generate of {B} requests, {long} vs {short} tokens"),
-            "weight_load_pause_s": _m(sw_fixed / 2, "half the fixed part of TorchEngine sleep + wake")},
+            "weight_load_pause_s": _given(sw_fixed / 2, "half the measured fixed part of TorchEngine sleep + wake")},
         "overheads": {
-            "rpc_s": _m(0.0011, "not measured: DESIGN.md 5b's Ray actor round trip (run with --ray)"),
-            "bus_row_s": _m(1e-5, "not measured (run with --ray)"),
-            "bus_bytes_per_s": _m(2e9, "not measured (run with --ray)"),
+            "rpc_s": _given(0.0011, "DESIGN.md 5b's Ray actor round trip; run with --ray"),
+            "bus_row_s": _given(1e-5, "a default; run with --ray"),
+            "bus_bytes_per_s": _given(2e9, "a default; run with --ray"),
             "sleep_wake_fixed_s": _m(sw_fixed, "TorchEngine sleep + wake less the weight bytes at memory bandwidth"),
             "optimizer_bytes_per_param": _m(opt_bytes, "AdamW step time x memory bandwidth / parameters"),
             "reward_per_sample_s": _m(rew, f"task.score ({cfg.task.name}) per sample"),
-            "advantages_per_row_s": _m(1e-6, "not measured (GRPO normalisation, negligible)"),
+            "advantages_per_row_s": _given(1e-6, "GRPO normalisation, negligible"),
             "train_micro_batch_s": _m(mb_fixed, "intercept of forward+backward time over micro-batch size"),
             "forward_call_s": _m(f_fixed, "intercept of log-prob forward time over batch size")},
         "prompt_tokens_mean": prompt_tokens,

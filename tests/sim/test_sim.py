@@ -306,7 +306,7 @@ def test_truncated_lengths():
 
 # --- relax profile ------------------------------------------------------------------------------------------
 def test_profile_measures_a_loadable_cpu_profile(tmp_path):
-    """`relax profile` writes every number as measured (or says what it did not measure), in the schema the
+    """`relax profile` writes what it times as measured and its defaults as assumed, in the schema the
     simulator loads; a simulation on it runs."""
     from relax.sim.measure import measure
 
@@ -318,10 +318,20 @@ def test_profile_measures_a_loadable_cpu_profile(tmp_path):
     p.write_text(yaml.safe_dump(prof))
     hw = load_hardware(p)
     assert hw.measured and hw.kind == "cpu"
-    for section in ("device", "links", "efficiency", "rollout", "overheads"):
-        for name, v in getattr(hw, section):
-            if v is not None:
-                assert v.source.startswith("measured"), f"{section}.{name}"
+    sources = {f"{section}.{name}": v.source for section in ("device", "links", "efficiency", "rollout", "overheads")
+               for name, v in getattr(hw, section) if v is not None}
+    timed = {"device.peak_flops", "device.memory_bw", "links.host", "efficiency.train_mfu", "efficiency.forward_mfu",
+             "efficiency.prefill", "rollout.step_overhead_s", "overheads.sleep_wake_fixed_s",
+             "overheads.optimizer_bytes_per_param", "overheads.reward_per_sample_s", "overheads.train_micro_batch_s",
+             "overheads.forward_call_s"}
+    # what it times says measured; a default or convention says assumed, never measured (without --ray: the
+    # bus and RPC costs too), so the simulator's summary lists it under `assumed`
+    not_timed = {"device.memory_bytes", "links.intra_node", "links.inter_node", "links.latency_s",
+                 "efficiency.decode_bw", "overheads.rpc_s", "overheads.bus_row_s", "overheads.bus_bytes_per_s"}
+    assert {k for k, src in sources.items() if src.startswith("measured (")} >= timed
+    assert all(sources[k].startswith("assumed (not measured: ") for k in not_timed), sources
+    assert all(src.startswith(("measured (", "assumed (not measured: ")) for src in sources.values()), sources
+    assert not_timed <= set(hw.assumptions()) and not timed & set(hw.assumptions())
     assert hw.rollout.step_overhead_s.value > 0 and hw.device.peak_flops.value > 1e8
     sim = Simulation(cfg, CostModel(cfg, model_shape(cfg), hw),
                      LengthModel(prompt_tokens=10, max_new_tokens=4, mean=3, cv=0.5, source="test")).run()
