@@ -3,7 +3,8 @@
     pytest tests/sim/bench_sim.py --benchmark-only
 
 Qwen3-4B fully async on 1024 H800s: the paper's 16-GPU split (actor 8, rollout 4, reference 2, actor_fwd 2) x 64,
-prompts per step x 64 (2048 prompts x 8 samples), one TP-1 SGLang engine per rollout GPU. Aim: < 60 s.
+prompts per step x 64 (2048 prompts x 8 samples), one TP-1 SGLang engine per rollout GPU. Aim: < 60 s. Latest:
+results/reference/sim/bench_1024.json (44.8 s, 2026-12-04, quiet).
 """
 
 from __future__ import annotations
