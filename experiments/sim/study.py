@@ -245,7 +245,10 @@ def scaling(st: Study) -> list[dict]:
             m = n // 16
             a = st.describe(scaled(st, files["async"], m), steps=sc["steps"])
             c = st.describe(scaled(st, files["colocate"], m, files.get("colocate_overrides", [])), steps=sc["steps"])
+            p = _partial(st, files["async"], m, sc)
             rows.append({"model": model, "gpus": n, "async_step_s": a["step_time_s"],
+                         "async_partial_step_s": p and p["step_time_s"],
+                         "partial_speedup": p and round(a["step_time_s"] / p["step_time_s"], 3),
                          "colocate_step_s": c["step_time_s"], "async_samples_per_s": a["samples_per_s"],
                          "colocate_samples_per_s": c["samples_per_s"],
                          "speedup_vs_colocate": round(c["step_time_s"] / a["step_time_s"], 3),
@@ -254,6 +257,19 @@ def scaling(st: Study) -> list[dict]:
                          "async_effective_train_mfu": a["effective_train_mfu"],
                          "async_effective_decode_bw": a["effective_decode_bw_efficiency"]})
     return rows
+
+
+def _partial(st: Study, path: str, m: int, sc: dict) -> dict | None:
+    """The async config with partial rollout (in-flight requests load each new version and go on): request-level
+    streaming of each replica's whole share (rollout.max_inflight), as the engine requires for it; None where the
+    config refuses it (e.g. R3's routing capture is not streamed)."""
+    base = st.config(path)
+    share = -(-base.rollout.prompts_per_step // base.rollout.replicas) * base.rollout.group_size
+    try:
+        cfg = scaled(st, path, m, ["rollout.partial=true", f"rollout.max_inflight={share}"])
+    except ConfigError:
+        return None
+    return st.describe(cfg, steps=sc["steps"])
 
 
 def staleness(st: Study) -> list[dict]:

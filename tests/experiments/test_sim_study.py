@@ -49,3 +49,23 @@ def test_small_study_is_drawn_simulated_beside_published(tmp_path):
     for f in files:
         if f.suffix == ".md":
             assert f.read_text().startswith("# SIMULATED")
+
+
+def test_scaling_puts_partial_rollout_beside_streaming(tmp_path):
+    """The scaling part simulates each async point again with partial rollout (the whole share in flight); a config
+    that refuses it (R3's routing capture is not streamed) gets None, not a number."""
+    spec = {**SPEC, "scaling": {"gpus": [16], "steps": 3, "models": {
+        "Qwen3-4B": {"async": "experiments/async/h800x16.yaml", "colocate": "experiments/colocate/h800x16.yaml"},
+        "Qwen3-30B-A3B": {"async": "experiments/r3_moe/h800x16.yaml", "colocate": "experiments/r3_moe/h800x16.yaml",
+                          "colocate_overrides": ["mode=colocate", "max_staleness=0", "resources.actor.gpus=16",
+                                                 "resources.rollout.gpus=16", "resources.reference.gpus=16",
+                                                 "resources.actor_fwd.gpus=0", "algorithm.old_log_probs=rollout",
+                                                 "rollout.replicas=4"]}}}}
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    assert study.main(argparse.Namespace(spec=str(path), out=str(tmp_path), only=["scaling"])) == 0
+    rows = {r["model"]: r for r in json.loads((tmp_path / "sim" / "sim_results.json").read_text())["scaling"]}
+    dense, moe = rows["Qwen3-4B"], rows["Qwen3-30B-A3B"]
+    assert dense["async_partial_step_s"] > 0
+    assert dense["partial_speedup"] == round(dense["async_step_s"] / dense["async_partial_step_s"], 3)
+    assert moe["async_partial_step_s"] is None and moe["partial_speedup"] is None
