@@ -28,7 +28,8 @@ PYTEST_RC = rc=$$?; if [ $$rc -eq 5 ]; then echo "make $@: pytest collected no t
 test: install
 	@$(BIN)/python -m pytest -q --timeout=900 --durations=40 tests; $(PYTEST_RC)
 
-# The inner loop: every test not marked slow (each under 30 s; the whole set under 3 minutes on 2 cores).
+# The inner loop: every test not marked slow (each under ~5 s; the whole set under 3 minutes on 2 cores). Each slow
+# subsystem keeps a cheaper test here (DCS: process-group reuse and long polls; Megatron: the layout round trips).
 test-fast: install
 	@$(BIN)/python -m pytest -q --timeout=300 -m "not slow" --durations=10 tests; $(PYTEST_RC)
 

@@ -10,6 +10,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 HEAD = r"""
@@ -30,6 +32,7 @@ print(json.dumps({"after": ray.is_initialized()}))
 """
 
 
+@pytest.mark.slow
 def test_ray_session_joins_the_cluster_named_by_ray_address():
     temp = tempfile.mkdtemp(prefix="relax-join-", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
     # a cluster with Ray's token auth on, its token shared by the head and the driver (README, "Network exposure")

@@ -54,6 +54,7 @@ def gpu_ray():
         yield session
 
 
+@pytest.mark.slow
 def test_colocate_roles_share_one_group_of_four_gpus(gpu_ray):
     cfg = load_config(ROOT / "experiments/colocate/h800x16.yaml", FOUR)
     assert placement.gpu_roles(cfg) == ["rollout", "reference", "actor"] and placement.colocate_world(cfg) == 4

@@ -34,6 +34,7 @@ def _teacher_forced(model, prompt, tokens, temperature):
     return torch.log_softmax(logits, -1).gather(-1, torch.tensor(tokens)[:, None]).squeeze(-1)
 
 
+@pytest.mark.slow
 def test_remote_engine_matches_in_process_engine():
     cfg = _cfg("rollout.engine=torch_http")
     model, tok = build_model(cfg.model, 123)  # weights the server does not start with (it builds seed 1)
@@ -126,6 +127,7 @@ def test_engine_config_checks():
             check_engine_available(_cfg("rollout.engine=sglang"))
 
 
+@pytest.mark.slow
 def test_external_engine_by_url():
     from relax.engines.http_server import launch_torch_server
 

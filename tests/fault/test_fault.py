@@ -245,6 +245,7 @@ def test_a_global_restart_waits_for_every_stopped_process_to_exit(local_ray):
     assert not exited(pids[2])
 
 
+@pytest.mark.slow
 def test_redelivery_hands_unwritten_rows_out_again_and_skips_written_ones(local_ray):
     import torch
 

@@ -18,6 +18,7 @@ def smol():
     return load_smollm2()
 
 
+@pytest.mark.slow
 def test_generates_a_sensible_answer(smol):
     model, tok = smol
     prompt = smollm2_chat_prompt(tok, "What is 2 + 3?")
@@ -29,6 +30,7 @@ def test_generates_a_sensible_answer(smol):
     assert "5" in text and out[0, -1].item() == tok.eos_token_id  # answers, then stops
 
 
+@pytest.mark.slow
 def test_cache_is_a_plain_checkpoint_and_reloads(smol, monkeypatch):
     folder = smollm2_cache_dir()
     assert "quantization_config" not in json.loads((folder / "config.json").read_text())

@@ -228,6 +228,7 @@ _GPTMODEL_CHECK = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["tiny_qwen3", "tiny_qwen3_moe"])
 def test_names_and_shapes_match_a_real_megatron_gptmodel(kind, tmp_path):
     """Megatron-Core builds (not runs) on CPU: our shard loads into its GPTModel with nothing missing or extra."""

@@ -91,6 +91,7 @@ def results():
     return {(o["layout"], o["rank"]): o for o in outs}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", [x[0] for x in LAYOUTS])
 def test_parallel_layout_matches_the_torch_trainer(results, layout):
     r0, r1 = results[(layout, 0)], results[(layout, 1)]

@@ -102,6 +102,7 @@ def result():
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["tiny_qwen3", "tiny_qwen3_moe"])
 def test_megatron_step_matches_the_torch_trainer(result, kind):
     r = result[kind]
@@ -118,6 +119,7 @@ def test_megatron_step_matches_the_torch_trainer(result, kind):
     assert r["copied"] >= r["n_params"] - 1 and r["err_mirror"] < 1e-5, r
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["tiny_qwen3", "tiny_qwen3_moe"])
 @pytest.mark.parametrize("trainer", ["mg", "ref"])
 def test_a_non_finite_step_is_skipped_and_changes_nothing(result, kind, trainer):

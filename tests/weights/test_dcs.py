@@ -87,6 +87,7 @@ def dcs(ray_session, request):
     d.close()
 
 
+@pytest.mark.slow
 def test_gloo_transfer_peer_recovery_pinning_and_ledger(dcs):
     trainer = Member.remote(dcs, "actor", trainer=True)
     assert ray.get(trainer.sync.remote(min_version=0))[0] == 0
@@ -143,6 +144,7 @@ def test_a_pair_reuses_its_process_group_across_versions(ray_session, reuse):
         d.close()
 
 
+@pytest.mark.slow
 def test_uncommitted_version_rolls_back_with_its_samples_when_the_trainer_dies(ray_session):
     d = DCS.start("gloo", bucket_mb=1, timeout_s=20)
     try:
@@ -180,6 +182,7 @@ def _durable_driver_and_two_versions(d: DCS):
     return trainer
 
 
+@pytest.mark.slow
 def test_only_the_durable_driver_commits_and_a_global_restart_rolls_back_what_died_with_the_roles(ray_session):
     """A version the rollout holds but the driver (durable) does not is not committed; when the trainer dies and
     then the rollout too (a global restart stopping every role), it is gone: latest falls back to the driver's
@@ -207,6 +210,7 @@ def test_only_the_durable_driver_commits_and_a_global_restart_rolls_back_what_di
         d.close()
 
 
+@pytest.mark.slow
 def test_the_durable_driver_keeps_its_version_while_a_newer_one_fails_to_arrive(ray_session):
     """The driver's copy is what a global restart resumes from: it receives version 2 into a second buffer and
     serves version 1 until 2 is whole. A holder dying mid-transfer leaves it holding 1 (a single buffer would
@@ -237,6 +241,7 @@ def test_the_durable_driver_keeps_its_version_while_a_newer_one_fails_to_arrive(
         d.close()
 
 
+@pytest.mark.slow
 def test_a_busy_holder_is_asked_again_not_dropped(ray_session):
     """The driver's serve thread is stuck sending to a receiver that died (until that transfer times out), so it
     takes no new session for a while. A Reference that needs version 0, which only the driver holds, waits for it
@@ -270,6 +275,7 @@ def test_a_busy_holder_is_asked_again_not_dropped(ray_session):
         d.close()
 
 
+@pytest.mark.slow
 def test_object_store_transport_has_the_same_interface(ray_session):
     d = DCS.start("object_store")
     try:
