@@ -23,6 +23,7 @@ BENCHES = {
     "streaming": "experiments.streaming.bench",  # continuous batching against chunked generate
     "bus": "experiments.bus.bench",  # bus put/get throughput against memcpy and Ray's object store
     "sinks": "experiments.sinks.bench",  # step time with every metrics sink on against them off, side by side
+    "old_log_probs": "experiments.old_log_probs.bench",  # ActorFwd's old log-probs against the rollout's: cost, mismatch
 }
 
 
@@ -51,4 +52,5 @@ def register_study(subparsers) -> None:
 
 def register_bench(subparsers) -> None:
     _register(subparsers, "bench", BENCHES, "a micro-benchmark (dcs: weight sync against the raw broadcast; "
-              "bus: put/get throughput; sinks: the metrics sinks' cost to step time)")
+              "bus: put/get throughput; sinks: the metrics sinks' cost to step time; old_log_probs: ActorFwd against the "
+              "rollout's log-probs)")
