@@ -144,6 +144,27 @@ def test_killing_every_role_at_once_records_one_event_per_fault(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_killed_streaming_replica_loses_and_repeats_no_sample(tmp_path):
+    """Request-level streaming (rollout.max_inflight): a replica puts each group as its last sample ends, so a kill
+    can land between two groups of one claim. The GroupQueue hands the dead replica's claim out again (maybe_put:
+    only the groups not on the bus are generated again), and every sample is trained exactly once. Replica 1 is
+    slowed first so that the kill is likely to cut a claim in flight."""
+    from relax.config import load_config as load
+    from relax.controller import run_experiment
+
+    faults = ("faults=[{role: rollout, replica: 1, at_step: 0, kind: slow, duration_s: 3, duty: 0.3},"
+              " {role: rollout, replica: 1, at_step: 1, kind: kill, after_s: 0.3}]")
+    cfg = load(ROOT / "experiments/async/cpu.yaml", [*TINY, "steps=5", "rollout.replicas=2", "rollout.chunk_groups=2",
+                                                      "rollout.max_inflight=8", faults])
+    run_dir, summary = run_experiment(cfg, out=tmp_path, progress=False)
+    assert summary["samples_trained"] == 5 * 16
+    assert summary["samples_lost"] == 0 and summary["samples_duplicated"] == 0
+    rec = json.loads((run_dir / "recovery.json").read_text())
+    assert_one_event_per_kill(rec)
+    assert [(e["role"], e["replica"], e["tier"]) for e in rec["events"] if "tier" in e] == [("rollout", 1, 1)]
+
+
+@pytest.mark.slow
 def test_killing_every_role_mid_run_loses_and_repeats_no_sample(tmp_path):
     from relax.config import load_config as load
     from relax.controller import run_experiment
