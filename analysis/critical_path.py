@@ -88,7 +88,8 @@ def critical_path_table(runs: dict[str, Path]) -> pd.DataFrame:
         df = step_breakdowns(run)
         steady = df[df.step > 0] if len(df) > 1 else df
         mean = steady.mean(numeric_only=True)
-        row = {"system": SYSTEMS[key].label, "measured on": _measured_on(run), "step_time_s": round(mean.step_time_s, 4)}
+        row = {"system": SYSTEMS[key].label, "measured on": _measured_on(run),
+               "step_time_s": round(mean.step_time_s, 4)}
         for c in S.CATEGORIES:
             row[f"{c} (s)"] = round(mean[c], 4)
         wait = mean[S.WAIT_ROLLOUT] + mean[S.IDLE]
@@ -142,7 +143,8 @@ def plot_gantt(runs: dict[str, Path], out: Path) -> Path:
                                linewidth=0.4, hatch="//" if waiting else None)
         b = breakdown(trace, t0, t1)
         wait = b[S.WAIT_ROLLOUT] + b[S.IDLE]
-        title = (f"{SYSTEMS[key].label} ({_measured_on(run)}): step {step}, {t1 - t0:.2f} s  |  trainer wait {wait:.2f} s"
+        title = (f"{SYSTEMS[key].label} ({_measured_on(run)}): step {step}, {t1 - t0:.2f} s"
+                 f"  |  trainer wait {wait:.2f} s"
                  f"  |  reference forward on path {b[S.REFERENCE]:.2f} s  |  weight sync {b[S.WEIGHT_SYNC]:.2f} s")
         ax.set_title(title, fontsize=9, loc="left")
         ax.axvline(0, color="black", lw=0.8)

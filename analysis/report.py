@@ -4,9 +4,9 @@ One row per run (a run folder, or every run folder below a folder named): its sy
 schedule emulated), steps/hour, mean step time, reward at the start and end, held-out accuracy before and
 after RL, staleness and pipeline efficiency. Column `kind` says how each number came about: measured, EMULATED (the
 real engine on emulated GPUs: its step times are the emulated hardware's seconds, the compression undone) or
-SIMULATED (`relax simulate`: no engine ran, so it has no rewards). `--against published` adds the paper's numbers for the same
-system (16xH800) and the speed-up of each run over the first one (the first run's step time over this one's:
-above 1 is faster), measured beside published: the way to put a new algorithm or schedule next to the paper.
+SIMULATED (`relax simulate`: no engine ran, so it has no rewards). `--against published` adds the paper's numbers
+for the same system (16xH800) and the speed-up of each run over the first one (the first run's step time over this
+one's: above 1 is faster) beside the published one: the way to put a new algorithm or schedule next to the paper.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.results import SYSTEMS, hardware, run_kind, load_config, load_summary, published_metric, system_of
+from analysis.results import (SYSTEMS, hardware, load_config, load_summary, published_metric, run_kind,
+                              system_of)
 from relax.run_folder import find_runs
 
 
