@@ -28,9 +28,9 @@ def report_table(paths: list[Path | str], against: str | None = None) -> pd.Data
     runs = find_runs(paths)
     summaries = [load_summary(r) for r in runs]
     keys = [system_of(s) for s in summaries]
+    kinds = [run_kind(s) for s in summaries]
     rows = []
-    for run, s, key in zip(runs, summaries, keys):
-        kind, timing = run_kind(s)
+    for run, s, key, (kind, timing) in zip(runs, summaries, keys, kinds):
         rows.append({
             "run": "/".join(Path(run).parts[-3:]),
             "system": SYSTEMS[key].label if key in SYSTEMS else key,
@@ -51,14 +51,14 @@ def report_table(paths: list[Path | str], against: str | None = None) -> pd.Data
         })
     df = pd.DataFrame(rows)
     if against == "published" and rows:
-        base_key, base = keys[0], summaries[0]
+        base_key = keys[0]
         # Relax async beside veRL: the paper's vs-veRL run, else its modes table (two different step times).
         ctx = "verl" if "verl" in keys else base_key
         pub_step = [published_metric(k, "step_time", against=ctx) if k in SYSTEMS else None for k in keys]
         pub_sph = [published_metric(k, "steps_per_hour", against=ctx) if k in SYSTEMS else None for k in keys]
         df["published step time (s, 16xH800)"] = pub_step
         df["published steps/hour (16xH800)"] = pub_sph
-        step = [run_kind(s)[1]["mean_step_time_s"] for s in summaries]
+        step = [timing["mean_step_time_s"] for _, timing in kinds]
         df["speed-up vs first run, this table (x)"] = [round(step[0] / t, 3) for t in step]
         df["speed-up vs first run, published (x)"] = [_published_speedup(base_key, k) for k in keys]
     return df

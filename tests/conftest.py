@@ -137,7 +137,8 @@ def listeners(root) -> dict[tuple[str, int], str]:
 
 
 def _engine_server(root):
-    """(pid, weight version) of the run's torch engine server (a descendant of `root`), or None while it is not up."""
+    """(psutil process, weight version) of the run's torch engine server (a descendant of `root`), or None while it
+    is not up."""
     import psutil
 
     from relax.engines.sglang import EngineClient
@@ -166,7 +167,7 @@ def torch_http_run(tmp_path_factory):
     socket listens on loopback) and tests/engines/test_remote_engine.py (a SIGKILLed server restarts its replica).
 
     While it trains, this samples every listening socket of the run's process tree, and SIGKILLs the engine server
-    while it holds a version in KILL_VERSIONS. With max_staleness 1 partition k is generated with weights >= k - 1,
+    while it holds a version in `window`. With max_staleness 1 partition k is generated with weights >= k - 1,
     so a server at version v <= steps - 3 has not yet been asked for the last partition: the Rollout must find it
     dead. A kill at a later version could land after the Rollout's last request, and nothing would notice it (CI
     failed that way once: recovery.json had no event). The window is every version from 1, so a poll that lags

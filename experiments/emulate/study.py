@@ -23,6 +23,7 @@ from pathlib import Path
 
 import yaml
 
+from experiments.sim.study import groups_per_replica
 from relax.config import ExperimentConfig, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -140,11 +141,6 @@ def faults(f: dict, configs: dict, spec: dict, out: Path) -> dict:
     return {"overrides": f["overrides"], "emulated": em, "events": events, "global_restarts": rec.get("global_restarts")}
 
 
-def _share(cfg: ExperimentConfig) -> int:
-    """Groups per replica when the step's groups are split evenly (rounded up)."""
-    return -(-cfg.rollout.prompts_per_step // cfg.rollout.replicas)
-
-
 def beyond(b: dict, configs: dict, spec: dict, out: Path, results: dict) -> dict:
     """Streaming + partial rollout + the simulator's best split for that engine, against the gated base."""
     from relax.sim import build
@@ -158,11 +154,11 @@ def beyond(b: dict, configs: dict, spec: dict, out: Path, results: dict) -> dict
     if b.get("search_split"):
         found = search_split(cfg, lambda c: mean_step_time(build(c, spec["hardware"], band=spec.get("band", "mid"),
                                                                   record=False, stream_groups=True,
-                                                                  inflight_groups=_share(c)).run()))
+                                                                  inflight_groups=groups_per_replica(c)).run()))
         split = found["best"]
         cfg = with_split(cfg, split["rollout_gpus"], split["actor_gpus"])
         # the claim stays each replica's share of the step, all of it in flight
-        share = _share(cfg)
+        share = groups_per_replica(cfg)
         cfg = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={
             "chunk_groups": share, "max_inflight": share * cfg.rollout.group_size})})
         opts["inflight"] = share

@@ -48,6 +48,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--only", nargs="+", choices=PARTS, help="run only these parts")
 
 
+def groups_per_replica(cfg: ExperimentConfig) -> int:
+    """Each rollout replica's share of a step's groups when they are split evenly (rounded up)."""
+    return math.ceil(cfg.rollout.prompts_per_step / cfg.rollout.replicas)
+
+
 # --- one simulation -------------------------------------------------------------------------------------------
 @dataclasses.dataclass
 class Knobs:
@@ -89,7 +94,7 @@ class Study:
         eng = self.spec["engine"] if knobs.engine else {}
         inflight = eng.get("inflight")
         if inflight == "share":
-            inflight = math.ceil(cfg.rollout.prompts_per_step / cfg.rollout.replicas)
+            inflight = groups_per_replica(cfg)
         opts = SimOptions(band="mid", recompute=bool(self.spec["recompute"]), stream_groups=bool(eng.get("stream")),
                           inflight_groups=inflight)
         lm = length_model(cfg.task.name, cfg.rollout.max_new_tokens, knobs.length_band,
@@ -264,7 +269,7 @@ def _partial(st: Study, path: str, m: int, sc: dict) -> dict | None:
     streaming of each replica's whole share (rollout.max_inflight), as the engine requires for it; None where the
     config refuses it (e.g. R3's routing capture is not streamed)."""
     base = st.config(path)
-    share = -(-base.rollout.prompts_per_step // base.rollout.replicas) * base.rollout.group_size
+    share = groups_per_replica(base) * base.rollout.group_size  # requests; weak scaling keeps it at every size
     try:
         cfg = scaled(st, path, m, ["rollout.partial=true", f"rollout.max_inflight={share}"])
     except ConfigError:
