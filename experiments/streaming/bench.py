@@ -26,6 +26,7 @@ import torch
 from experiments.bench_output import write_bench
 from relax.config import ModelConfig
 from relax.engines import TorchEngine
+from relax.engines.feed import fixed
 from relax.run_folder import HostLoad, format_host_load
 
 
@@ -57,7 +58,7 @@ def chunked(engine, prompts, limits, per_call: int, group_size: int) -> dict:
 def continuous(engine, prompts, limits, per_call: int, group_size: int) -> dict:
     t0 = time.perf_counter()
     first, tokens, left = None, 0, {}
-    for i, g in engine.generate_stream(prompts, limits, max_inflight=per_call):
+    for i, g in engine.generate_stream(fixed(prompts, limits), max_inflight=per_call):
         tokens += len(g.token_ids)
         group = i // group_size
         left[group] = left.get(group, group_size) - 1

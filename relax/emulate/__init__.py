@@ -141,20 +141,20 @@ class Emulator:
         return self.sim.expected_micro_batches(k % self.steps)
 
     # --- engine calls ----------------------------------------------------------------------------------------
-    def generate_time(self, lengths: list[int], replicas: int = 1, chunk: int | None = None,
-                      max_running: int | None = None) -> tuple[float, list[float]]:
+    def generate_time(self, lengths: list[int], replicas: int = 1,
+                      chunk: int | None = None) -> tuple[float, list[float]]:
         """Seconds of one engine call on the target and each request's finish time. `replicas` > 1: the call
         stands in for that many engines, each taking the next `chunk` requests when it is free (the sim's
         GroupQueue claims); finish times are then those of the engine that ran each request."""
         reqs = [(self.prompt, L) for L in lengths]
         if replicas <= 1:
-            return self.cost.generate(reqs, max_running)
+            return self.cost.generate(reqs)
         free = [(0.0, r) for r in range(replicas)]
         fin = [0.0] * len(reqs)
         chunk = chunk or len(reqs)
         for lo in range(0, len(reqs), chunk):
             t, r = heapq.heappop(free)
-            d, f = self.cost.generate(reqs[lo:lo + chunk], max_running)
+            d, f = self.cost.generate(reqs[lo:lo + chunk])
             fin[lo:lo + chunk] = [t + x for x in f]
             heapq.heappush(free, (t + d, r))
         return max(t for t, _ in free), fin

@@ -4,18 +4,22 @@ A call's requests carry their modelled response lengths as per-request limits (t
 sim's lengths for its sample ids); each response gets ceil(length / token_scale) synthetic tokens. The call
 sleeps the cost model's duration for it on the target hardware (continuous batching on one engine, or
 `virtual_replicas` engines for a schedule that runs one rollout process), over the compression. Streaming
-(`generate_stream`) yields each request at its modelled finish time; a weight update in between (partial
-rollout) pauses every later finish by the time it took. Weight loads, sleep and wake take their modelled times.
+(`generate_stream`) yields each request at its modelled finish time, the engine fed as slots free (relax/sim/
+live.py); a weight update in between (partial rollout) pauses every later finish by the time it took. Weight
+loads, sleep and wake take their modelled times.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 
 import torch
 
-from relax.engines.torch_engine import Generation, _limits
+from relax.engines.feed import Feed, limits
+from relax.engines.torch_engine import Generation
+from relax.sim.live import LiveEngine
 
 UNIFORM_LOG_PROB = -4.55  # log(1/95): a synthetic token drawn uniformly from the printable characters
 
@@ -68,7 +72,7 @@ class EmulatedEngine:
 
     def generate(self, prompts: list[list[int]], max_new_tokens) -> list[Generation]:
         """`max_new_tokens`: the modelled response length of each request."""
-        lengths = _limits(max_new_tokens, len(prompts))
+        lengths = limits(max_new_tokens, len(prompts))
         with self._lock:
             if self.asleep:
                 raise RuntimeError("engine is asleep: wake() it with weights before generating")
@@ -78,23 +82,37 @@ class EmulatedEngine:
             self.emu.wait_until(t0, dur, "generate")
             return out
 
-    def generate_stream(self, prompts, max_new_tokens, max_inflight: int, between=None):
-        """Yields (index, Generation) at each request's modelled finish, at most `max_inflight` in flight. With
-        partial rollout a row's first version is the one its call began with (the oldest it can carry)."""
-        lengths = _limits(max_new_tokens, len(prompts))
+    def generate_stream(self, feed: Feed, max_inflight: int, between=None):
+        """Yields (request number, Generation) at each request's modelled finish, at most `max_inflight` in
+        flight; the feed's limits are the modelled response lengths. The engine is a LiveEngine (relax/sim/
+        live.py), fed whenever it has a free slot, so requests that join mid-call are priced where they join.
+        A row's first version is the one loaded when it joined; with partial rollout a weight update in between
+        pauses every later finish by the time it took."""
         with self._lock:
-            t0, first = time.time(), self.version
-            dur, fin = self.emu.generate_time(lengths, self.virtual, self.chunk, max_running=max_inflight)
-            shift = 0.0  # real seconds the call was paused for weight updates
-            c = self.emu.compression
-            for i in sorted(range(len(lengths)), key=fin.__getitem__):
+            if self.asleep:
+                raise RuntimeError("engine is asleep: wake() it with weights before generating")
+            eng = LiveEngine(self.emu.cost, max_inflight)
+            t0, c, shift = time.time(), self.emu.compression, 0.0  # shift: real seconds paused for weight loads
+            numbers, joined = itertools.count(), {}  # request number -> (modelled length, first version)
+            while True:
+                free = eng.free()
+                for _, length in (feed(free) if free else []):
+                    i = next(numbers)
+                    joined[i] = (length, self.version)
+                    eng.add(i, self.emu.prompt, length)
+                if not len(eng):
+                    break
+                done = eng.advance()
                 if between is not None:
                     tb = time.time()
                     between()
                     shift += time.time() - tb
-                left = t0 + shift + fin[i] / c - time.time()
+                left = t0 + shift + eng.t / c - time.time()
                 if left > 0:
                     time.sleep(left)
-                v = self.version
-                yield i, self._generation(lengths[i], first, v if v != first else None)
-            self.emu.wait_until(t0 + shift, dur, "generate")
+                for i in done:
+                    length, first = joined.pop(i)
+                    v = self.version
+                    yield i, self._generation(length, first, v if v != first else None)
+            eng.account()
+            self.emu.wait_until(t0 + shift, eng.t, "generate")

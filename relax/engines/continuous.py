@@ -9,17 +9,18 @@ Positions come from each row's own length, so padding changes no logits (as in `
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache
 
+from relax.engines.feed import Feed
+
 
 @dataclass
 class _Row:
-    index: int  # the request's position in the caller's list
+    index: int  # the request's number (the order the feed gave it)
     limit: int  # its max_new_tokens
     first_version: int = -1  # the weight version of its first token (partial rollout: versions change mid-request)
     last_version: int = -1  # ... and of its last
@@ -89,19 +90,21 @@ class ContinuousBatch:
             self.kv = [(k[:, :, lead:], v[:, :, lead:]) for k, v in self.kv]
 
 
-def continuous_generate(model, prompts: list[list[int]], limits: list[int], max_batch: int, pad: int, eos: int,
+def continuous_generate(model, feed: Feed, max_batch: int, pad: int, eos: int,
                         sample: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
                         wait: Callable[[], None] = lambda: None,
                         on_step: Callable[[ContinuousBatch], None] = lambda b: None,
                         version: Callable[[], int] = lambda: 0) -> Iterator[_Row]:
-    """Yields each request's row (index, tokens, log_probs, first/last weight version) as soon as it
-    finishes (EOS or its limit), with at most `max_batch` sequences decoding at once.
-    `sample(logits [B, V]) -> (tokens, log-probs)`; `wait()` is called before every forward (the engine's pause,
-    and where a partial rollout loads a new version: in-flight rows go on with it, their KV cache kept);
-    `version()` is the weights' version at that moment; `on_step(batch)` after each step (tests)."""
-    pending = deque(range(len(prompts)))
+    """Yields each request's row (number, tokens, log_probs, first/last weight version) as soon as it
+    finishes (EOS or its limit), with at most `max_batch` sequences decoding at once; `feed` (relax/engines/
+    feed.py) is asked for new requests whenever a slot is free, and the call ends once the batch is empty and
+    the feed gives nothing. `sample(logits [B, V]) -> (tokens, log-probs)`; `wait()` is called before every
+    forward (the engine's pause, and where a partial rollout loads a new version: in-flight rows go on with it,
+    their KV cache kept); `version()` is the weights' version at that moment; `on_step(batch)` after each step
+    (tests)."""
+    prompts: list[list[int]] = []
     batch = ContinuousBatch()
-    while pending or batch:
+    while True:
         if batch:  # one decode step for every live row
             wait()
             batch.attn = torch.cat([batch.attn, torch.ones((len(batch), 1), dtype=torch.long)], dim=1)
@@ -116,8 +119,14 @@ def continuous_generate(model, prompts: list[list[int]], limits: list[int], max_
                 r.last_version = v
             batch.pos, batch.last = batch.pos + 1, tok
         free = max_batch - len(batch)
-        if free and pending:  # join: prefill the waiting requests that fit, sample their first token
-            rows = [_Row(i, limits[i]) for i in (pending.popleft() for _ in range(min(free, len(pending))))]
+        new = feed(free) if free else []
+        if not new and not batch:
+            return
+        if new:  # join: prefill the requests the feed gave, sample their first token
+            rows = []
+            for p, limit in new:
+                rows.append(_Row(len(prompts), limit))
+                prompts.append(p)
             L = max(len(prompts[r.index]) for r in rows)
             ids = torch.full((len(rows), L), pad, dtype=torch.long)
             attn = torch.zeros((len(rows), L), dtype=torch.long)

@@ -24,6 +24,7 @@ server's process group. The role stops it by PID (`stop()`); a server that died 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import signal
@@ -31,12 +32,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
 import numpy as np
 
 from relax.engines.process import terminate
 from relax.engines.sglang import EngineClient, EngineError, WeightSync, sglang_server_args
+from relax.engines.feed import Feed
 from relax.engines.torch_engine import Generation
 
 REMOTE_ENGINES = ("torch_http", "sglang")
@@ -193,21 +195,29 @@ class RemoteEngine:
             g.extras.pop("text", None)
         return gens
 
-    def generate_stream(self, prompts: list[list[int]], max_new_tokens: int | list[int], max_inflight: int,
+    def generate_stream(self, feed: Feed, max_inflight: int,
                         between: Callable[[], None] | None = None) -> Iterator[tuple[int, Generation]]:
-        """Request-level streaming: up to `max_inflight` one-prompt requests in flight at once (the server
-        batches them continuously); yields (prompt index, Generation) as each reply arrives. `between()` runs
-        after each reply: a partial rollout's weight update there pauses the server, updates in place and
-        continues, so requests in flight finish on the new weights (first/last version: at submit / reply)."""
-        limits = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
-        with ThreadPoolExecutor(max_workers=max(1, min(max_inflight, len(prompts)))) as pool:
-            futures = {pool.submit(self.generate, [p], n): (i, self.version) for i, (p, n) in enumerate(zip(prompts, limits))}
+        """Request-level streaming over `feed` (relax/engines/feed.py): up to `max_inflight` one-prompt requests
+        in flight at once (the server batches them continuously), refilled from the feed as replies arrive;
+        yields (request number, Generation) per reply. `between()` runs after each reply: a partial rollout's
+        weight update there pauses the server, updates in place and continues, so requests in flight finish on
+        the new weights (first/last version: at submit / reply)."""
+        with ThreadPoolExecutor(max_workers=max(1, max_inflight)) as pool:
+            futures: dict = {}
+            numbers = itertools.count()
             try:
-                for fut in as_completed(futures):
-                    i, first = futures[fut]
-                    gen = fut.result()[0]
-                    gen.weight_version, gen.last_version = first, self.version
-                    yield i, gen
+                while True:
+                    free = max_inflight - len(futures)
+                    for p, limit in (feed(free) if free > 0 else []):
+                        futures[pool.submit(self.generate, [p], limit)] = (next(numbers), self.version)
+                    if not futures:
+                        return
+                    done, _ = wait(futures, return_when=FIRST_COMPLETED)
+                    for fut in done:
+                        i, first = futures.pop(fut)
+                        gen = fut.result()[0]
+                        gen.weight_version, gen.last_version = first, self.version
+                        yield i, gen
                     if between is not None:
                         between()
             finally:

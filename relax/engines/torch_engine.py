@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from relax.engines.continuous import continuous_generate
+from relax.engines.feed import Feed, limits
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -31,13 +32,6 @@ class Generation:
     weight_version: int  # the version of its first token (the staleness bound applies to it)
     extras: dict = field(default_factory=dict)
     last_version: int | None = None  # the version of its last token when a partial rollout changed it (else None)
-
-
-def _limits(max_new_tokens: int | list[int], n: int) -> list[int]:
-    limits = [max_new_tokens] * n if isinstance(max_new_tokens, int) else list(max_new_tokens)
-    if len(limits) != n or min(limits, default=1) < 1:
-        raise ValueError(f"max_new_tokens: one limit >= 1 or one per prompt ({n}), got {max_new_tokens!r}")
-    return limits
 
 
 def sample_tokens(logits: torch.Tensor, temperature: float, top_p: float, gen: torch.Generator):
@@ -150,33 +144,34 @@ class TorchEngine:
             finally:
                 self.temperature = temperature
 
-    def generate_stream(self, prompts: list[list[int]], max_new_tokens: int | list[int], max_inflight: int,
+    def generate_stream(self, feed: Feed, max_inflight: int,
                         between: Callable[[], None] | None = None) -> Iterator[tuple[int, Generation]]:
-        """Continuous batching (relax/engines/continuous.py): yields (prompt index, Generation) as each request
-        finishes, at most `max_inflight` decoding at once. Other threads' weight updates wait until it is
-        exhausted; `between()` runs before every decode step in this thread, where a partial rollout calls
-        `update_weights` (in-flight requests go on with the new weights: pause, update, continue)."""
+        """Continuous batching (relax/engines/continuous.py) over `feed` (relax/engines/feed.py): yields
+        (request number, Generation) as each request finishes, at most `max_inflight` decoding at once. Other
+        threads' weight updates wait until it is exhausted; `between()` runs before every decode step in this
+        thread, where a partial rollout calls `update_weights` (in-flight requests go on with the new weights:
+        pause, update, continue)."""
         if self.capture is not None:
             raise RuntimeError("continuous batching does not record routing (moe.r3): use chunked generate")
-        limits = _limits(max_new_tokens, len(prompts))
         with self._lock, torch.no_grad():
             if self.asleep:
                 raise RuntimeError("engine is asleep: wake() it with weights before generating")
+
             def wait():
                 self._running.wait()
                 if between is not None:
                     between()
 
             eos = self.tokenizer.eos_token_id
-            for r in continuous_generate(self.model, prompts, limits, max_inflight, self.tokenizer.pad_token_id, eos,
+            for r in continuous_generate(self.model, feed, max_inflight, self.tokenizer.pad_token_id, eos,
                                          lambda logits: sample_tokens(logits, self.temperature, self.top_p, self.gen),
                                          wait, version=lambda: self.version):
                 yield r.index, Generation(r.tokens, r.log_probs, "stop" if r.tokens[-1] == eos else "length",
                                           r.first_version, last_version=r.last_version)
 
     def _generate(self, prompts, max_new_tokens):
-        limits = torch.tensor(_limits(max_new_tokens, len(prompts)))
-        max_new_tokens = int(limits.max())
+        limit = torch.tensor(limits(max_new_tokens, len(prompts)))
+        max_new_tokens = int(limit.max())
         B = len(prompts)
         L = max(len(p) for p in prompts)
         pad = self.tokenizer.pad_token_id
@@ -207,7 +202,7 @@ class TorchEngine:
             tok = torch.where(done, torch.full_like(tok, pad), tok)
             out_tok[:, t] = tok
             out_lp[:, t] = torch.where(done, torch.zeros_like(lp), lp)
-            newly = (~done) & ((tok == eos) | (limits == t + 1))
+            newly = (~done) & ((tok == eos) | (limit == t + 1))
             lengths[newly] = t + 1
             done |= newly
             if bool(done.all()):

@@ -30,11 +30,17 @@ class SpanRecorder:
             yield args
         finally:
             self.depth -= 1
-            cpu = time.process_time() - c0 if self.depth == 0 else 0.0
-            self.pending.append({"role": self.role, "name": name, "start": t0, "end": time.time(), "step": step,
-                                 "cpu": cpu, "args": args})
-            if len(self.pending) >= self.flush_every:
-                self.flush()
+            self.record(name, t0, time.time(), step, cpu=time.process_time() - c0 if self.depth == 0 else 0.0,
+                        **args)
+
+    def record(self, name: str, start: float, end: float, step: int | None = None, cpu: float = 0.0,
+               **args) -> None:
+        """A span whose times the caller took (work that overlaps other spans of this process: a streaming
+        replica's claims; `cpu` is the caller's to split so that nothing is counted twice)."""
+        self.pending.append({"role": self.role, "name": name, "start": start, "end": end, "step": step,
+                             "cpu": cpu, "args": args})
+        if len(self.pending) >= self.flush_every:
+            self.flush()
 
     def flush(self) -> None:
         """Ship the pending spans and wait until Telemetry holds them. Ray orders calls per caller only: once a

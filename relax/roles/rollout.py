@@ -20,6 +20,7 @@ from relax.moe.fields import r3_fields, routing_fields
 from relax.omni.fields import input_fields
 from relax.omni.source import engine_class, make_source
 from relax.emulate import emulator, supervised
+from relax.engines.feed import fixed
 from relax.fault.redelivery import existing_groups
 from relax.roles.base import ModelRole
 from relax.tasks import make_task
@@ -138,7 +139,10 @@ class RolloutRole(ModelRole):
     def run_shared(self, steps: int, start: int = 0) -> None:
         """Generate the groups the GroupQueue hands this replica until it says stop (all done, or draining).
         Partition k is entered through the staleness gate and with weights >= k - max_staleness; between
-        generate calls the engine loads a newer version the follower already brought in (pause, load, go on)."""
+        generate calls the engine loads a newer version the follower already brought in (pause, load, go on).
+        With rollout.max_inflight one engine stream is kept full across claims instead (_run_streaming)."""
+        if self.cfg.rollout.max_inflight:
+            return self._run_streaming(start)
         k = start
         self._enter(k)
         while True:
@@ -154,41 +158,74 @@ class RolloutRole(ModelRole):
                 self._generate_claim(claim)
         self.rec.flush()
 
+    def _run_streaming(self, start: int) -> None:
+        """Request-level streaming that refills (relax/roles/stream.py): the engine's feed claims groups as
+        slots free, across claims and partitions; when the stream runs dry this loop enters the next partition
+        through the blocking gate, waits for others' open work, or loads a newer version, and streams again."""
+        from relax.roles.stream import QUIET_S, ClaimFeed
+
+        r = self.cfg.rollout
+        feed = ClaimFeed(self, start)
+        self._enter(start)
+        # Partial rollout: a version the follower brought in is loaded between decode steps, mid-request.
+        between = (lambda: self.sync_weights(block=False)) if r.partial else None
+        while True:
+            self.sync_weights(block=False)  # the drained engine loads what arrived (pause, load, go on)
+            feed.begin()
+            for i, gen in self.engine.generate_stream(feed.feed, r.max_inflight, between):
+                feed.finished(i, gen)
+            assert not feed.claims, "the stream ended with requests of an open claim unfinished"
+            if feed.stop:
+                break
+            if feed.next:
+                feed.k += 1
+                self._enter(feed.k)
+            else:
+                time.sleep(QUIET_S)
+        self.rec.flush()
+
     def _enter(self, k: int) -> None:
         with self.rec.span("staleness_gate", step=k):
             self.bus.wait_can_start(k)
         with self.rec.span("weight_sync", step=k):
             self.sync_weights(min_version=k - self.cfg.max_staleness)
 
-    def _generate_claim(self, claim: dict) -> None:
+    def groups_to_generate(self, claim: dict) -> list[int]:
+        """The claim's groups, less those already on the bus when its previous holder died while putting."""
         j, groups = claim["step"], claim["groups"]
-        if claim["maybe_put"]:  # its previous holder died while putting: keep only groups not on the bus
-            if j < self.bus.oldest_unconsumed():  # trained, so every group landed (its rows may be cleared by now)
-                groups = []
-            else:
-                landed = existing_groups(self.bus, j)
-                groups = [g for g in groups if j * self.cfg.rollout.prompts_per_step + g not in landed]
+        if not claim["maybe_put"]:
+            return groups
+        if j < self.bus.oldest_unconsumed():  # trained, so every group landed (its rows may be cleared by now)
+            return []
+        landed = existing_groups(self.bus, j)
+        return [g for g in groups if j * self.cfg.rollout.prompts_per_step + g not in landed]
+
+    def claim_put(self, claim: dict):
+        """`put(rows)` for the rows of one claim: the first put tells the GroupQueue that from here on a crash
+        may leave some of the claim's groups on the bus (maybe_put)."""
+        putting = []
+
+        def put(rows):
+            if not putting:
+                ray.get(self.queue.putting.remote(claim["cid"]))
+                putting.append(True)
+            try:
+                self.bus.put_rows(claim["step"], rows)
+            except PartitionTrained:
+                # Only possible for a claim whose previous holder's put landed (the trainer cannot finish
+                # a partition that lacks these groups): these rows would be duplicates; drop them.
+                if not claim["maybe_put"]:
+                    raise
+
+        return put
+
+    def _generate_claim(self, claim: dict) -> None:
+        j = claim["step"]
+        groups = self.groups_to_generate(claim)
         self.sync_weights(block=False)
         if groups:
-            putting = []
-
-            def put(rows):
-                if not putting:  # from here on a crash may leave some of the claim's groups on the bus
-                    ray.get(self.queue.putting.remote(claim["cid"]))
-                    putting.append(True)
-                try:
-                    self.bus.put_rows(j, rows)
-                except PartitionTrained:
-                    # Only possible for a claim whose previous holder's put landed (the trainer cannot finish
-                    # a partition that lacks these groups): these rows would be duplicates; drop them.
-                    if not claim["maybe_put"]:
-                        raise
-
             with self.rec.span("generate", step=j, groups=len(groups), replica=self.replica):
-                if self.cfg.rollout.max_inflight:
-                    self._stream_groups(j, groups, put)  # each group lands as its last sample ends
-                else:
-                    put(self._rows(j, groups))
+                self.claim_put(claim)(self._rows(j, groups))
         ray.get(self.queue.finish.remote(claim["cid"], len(groups)))
 
     def generate_partition(self, k: int, groups: list[int] | None = None) -> dict:
@@ -211,7 +248,7 @@ class RolloutRole(ModelRole):
         self.rec.flush()
         return {"weight_sync_s": sync_s, "version": self.version}
 
-    def _prompt(self, k: int, g: int, attempt: int) -> int:
+    def prompt_index(self, k: int, g: int, attempt: int) -> int:
         """The task index of group slot g of partition k at draw `attempt` (0: the slot's own prompt; a DAPO
         redraw takes fresh prompts from past the end of the regular sequence)."""
         r, ds = self.cfg.rollout, self.cfg.algorithm.dynamic_sampling
@@ -224,7 +261,7 @@ class RolloutRole(ModelRole):
         G = r.group_size
         groups = list(groups)
         if self.source is not None:  # omni media rows / agent episodes (relax/omni/source.py); no DAPO redraw here
-            prompt_idx = [self._prompt(k, g, 0) for g in groups for _ in range(G)]
+            prompt_idx = [self.prompt_index(k, g, 0) for g in groups for _ in range(G)]
             sample_ids = [(k * r.prompts_per_step + g) * G + j for g in groups for j in range(G)]
             out = self.source.rows(prompt_idx, r.max_new_tokens)
             return {
@@ -236,7 +273,7 @@ class RolloutRole(ModelRole):
             }
         encoded: dict[int, list[int]] = {}
         if self.emu is not None:  # synthetic responses of the sim's lengths (no DAPO redraw: the sim has none)
-            prompt_idx = [self._prompt(k, g, 0) for g in groups for _ in range(G)]
+            prompt_idx = [self.prompt_index(k, g, 0) for g in groups for _ in range(G)]
             prompts = [self.tokenizer.encode(self.data[i].prompt) for i in prompt_idx]
             gens = self.engine.generate(prompts, self.emu.limits(k, groups))
             return self._text_rows(k, groups, prompt_idx, prompts, gens)
@@ -253,7 +290,7 @@ class RolloutRole(ModelRole):
         # per slot. A GenRM reward is not known here, so with it groups are only marked (no redraw).
         refill = ds.enabled and self.cfg.task.reward != "genrm"
         drawn = sample_informative_groups(
-            groups, lambda g, a: self._prompt(k, g, a),
+            groups, lambda g, a: self.prompt_index(k, g, a),
             lambda idxs: self.engine.generate([encode(i) for i in idxs], r.max_new_tokens),
             score if refill else (lambda idx, gen: 0.0), G, ds.max_batches if refill else 1)
         prompt_idx = [drawn[g].prompt for g in groups for _ in range(G)]
@@ -298,26 +335,27 @@ class RolloutRole(ModelRole):
         return torch.tensor([float(self.data.score(self.data[i], self.tokenizer.decode(g.token_ids)))
                              for i, g in zip(prompt_idx, gens)])
 
+    def group_rows(self, k: int, g: int, prompt: list[int], gens) -> dict:
+        """The bus rows of group g of partition k from its G generations (streaming: one group at a time)."""
+        G = self.cfg.rollout.group_size
+        return self._text_rows(k, [g], [self.prompt_index(k, g, 0)] * G, [prompt] * G, gens)
+
     def _stream_groups(self, k: int, groups, put) -> None:
-        """Request-level streaming (rollout.max_inflight): every sample of these groups is one request, at most
+        """Request-level streaming of these groups (the colocate loop's share of a partition): at most
         max_inflight in flight; `put(rows)` gets each group's rows the moment its last sample finishes."""
         r = self.cfg.rollout
         G = r.group_size
         groups = list(groups)
-        prompt_idx = [self._prompt(k, g, 0) for g in groups]
-        prompts = [self.tokenizer.encode(self.data[i].prompt) for i in prompt_idx]
+        prompts = [self.tokenizer.encode(self.data[self.prompt_index(k, g, 0)].prompt) for g in groups]
         done: dict[int, dict[int, object]] = {g: {} for g in groups}
-        requests = [prompts[a] for a in range(len(groups)) for _ in range(G)]
-        # Partial rollout: a version the follower brought in is loaded between decode steps, mid-request.
-        between = (lambda: self.sync_weights(block=False)) if r.partial else None
         limits = self.emu.limits(k, groups) if self.emu is not None else r.max_new_tokens
-        for i, gen in self.engine.generate_stream(requests, limits, r.max_inflight, between):
+        requests = fixed([prompts[a] for a in range(len(groups)) for _ in range(G)], limits)
+        for i, gen in self.engine.generate_stream(requests, r.max_inflight):
             a, j = divmod(i, G)
             done[groups[a]][j] = gen
             if len(done[groups[a]]) == G:
-                gens = [done[groups[a]][j] for j in range(G)]
                 with self.rec.span("group_done", step=k, group=groups[a]):
-                    put(self._text_rows(k, [groups[a]], [prompt_idx[a]] * G, [prompts[a]] * G, gens))
+                    put(self.group_rows(k, groups[a], prompts[a], [done[groups[a]][j] for j in range(G)]))
 
     # --- colocated mode: the engine's weights are released while training holds the cores -----------
     def sleep(self) -> dict:

@@ -20,13 +20,11 @@ link, plus a fixed part.
 
 from __future__ import annotations
 
-import heapq
-import math
-from collections import deque
 from dataclasses import dataclass
 
 from relax.config import ConfigError, ExperimentConfig
 from relax.sim.hardware import HardwareProfile
+from relax.sim.live import LiveEngine, _exact_sum_max
 from relax.sim.shapes import ModelShape
 
 
@@ -37,25 +35,6 @@ class SimOptions:
     # Engine behaviour the simulator can assume beyond the config (rollout.max_inflight turns stream_groups on):
     stream_groups: bool = False  # a group lands on the bus when its last response finishes, not at the call's end
     inflight_groups: int | None = None  # groups one replica keeps in its engine at once (None: rollout.chunk_groups)
-
-
-def _exact_sum_max(a: float, b: float, c: float, d: float, n: int) -> float:
-    """sum_{j=0}^{n-1} max(a + b j, c + d j), exactly (both arms linear in j)."""
-    if n <= 0:
-        return 0.0
-
-    def arm(x, y, lo, hi):  # sum_{j=lo}^{hi-1} (x + y j)
-        m = hi - lo
-        return m * x + y * (lo + hi - 1) * m / 2 if m > 0 else 0.0
-
-    if b == d:
-        return arm(max(a, c), b, 0, n)
-    j = (c - a) / (b - d)  # arms cross at j
-    first_a = a >= c  # arm 1 is the max at j = 0
-    k = min(max(math.ceil(j) if j > 0 else 0, 0), n)
-    if first_a:  # arm 1 until it is overtaken (b < d)
-        return arm(a, b, 0, k) + arm(c, d, k, n) if b < d else arm(a, b, 0, n)
-    return arm(c, d, 0, k) + arm(a, b, k, n) if b > d else arm(c, d, 0, n)
 
 
 class CostModel:
@@ -159,17 +138,20 @@ class CostModel:
         """One engine call: `requests` (prompt tokens, response tokens) under continuous batching on one replica.
         Returns (duration, finish time of each request). Admission is FIFO while the active batch stays under
         max_running_requests (and `max_running`, the caller's own cap, e.g. rollout.max_inflight) and its reserved
-        KV (prompt + response of each) fits the cache."""
-        cap = self.kv_capacity_tokens() if self.hw.kind == "gpu" else float("inf")
-        max_run = int(self.hw.rollout.max_running_requests.at(self.b))
-        max_run = min(max_run, max_running) if max_running else max_run
-        over, arms = self.step_overhead, self.decode_arms
-        if len(requests) <= max_run and sum(p + n for p, n in requests) <= cap:
-            out = self._generate_all_admitted(requests, over, arms)
-        else:
-            out = self._generate_queued(requests, cap, max_run, over, arms)
-        self.acc["generate_s"] += out[0]
-        return out
+        KV (prompt + response of each) fits the cache (relax/sim/live.py)."""
+        eng = LiveEngine(self, max_running)
+        if len(requests) <= eng.max_run and sum(p + n for p, n in requests) <= eng.cap:
+            out = self._generate_all_admitted(requests, self.step_overhead, self.decode_arms)
+            self.acc["generate_s"] += out[0]
+            return out
+        for i, (p, n) in enumerate(requests):
+            eng.add(i, p, n)
+        finish = [0.0] * len(requests)
+        while len(eng):
+            for i in eng.advance():
+                finish[i] = eng.t
+        eng.account()
+        return eng.t, finish
 
     def _touched(self, batch: int) -> float:
         """Weight bytes one decode step of `batch` requests reads (cached per batch size)."""
@@ -181,44 +163,6 @@ class CostModel:
     def _count_reads(self, weight_bytes: float, kv_token_steps: float) -> None:
         """Add one engine call's decode reads: weights touched, and KV tokens x steps (x bytes per KV token)."""
         self.acc["decode_bytes"] += weight_bytes + kv_token_steps * self.shape.kv_bytes_per_token(self.dtype_bytes)
-
-    def _generate_queued(self, requests, cap, max_run, over, arms) -> tuple[float, list[float]]:
-        pending = deque(range(len(requests)))
-        active: list[tuple[int, int]] = []  # (finish step, request)
-        finish = [0.0] * len(requests)
-        t, step, context, reserved = 0.0, 0, 0.0, 0.0
-        w_read, kv_read, touched = 0.0, 0.0, self._touched
-        push, pop = heapq.heappush, heapq.heappop
-        while pending or active:
-            admitted = []
-            while pending and len(active) < max_run:
-                i = pending[0]
-                p, n = requests[i]
-                if active and reserved + p + n > cap:
-                    break
-                pending.popleft()
-                admitted.append(p)
-                reserved += p + n
-                context += p
-                push(active, (step + max(int(n), 1), i))
-            if admitted:
-                t += self.prefill_time(admitted)
-            n_steps = active[0][0] - step
-            b = len(active)
-            a, bm, c, dm = arms(b)
-            t += _exact_sum_max(a + bm * context, bm * b, c + dm * context, dm * b, n_steps) + n_steps * over
-            w_read += n_steps * touched(b)
-            kv_read += n_steps * context + b * n_steps * (n_steps - 1) / 2
-            context += b * n_steps
-            step += n_steps
-            while active and active[0][0] == step:
-                _, i = pop(active)
-                p, n = requests[i]
-                finish[i] = t
-                context -= p + max(int(n), 1)
-                reserved -= p + n
-        self._count_reads(w_read, kv_read)
-        return t, finish
 
     def _generate_all_admitted(self, requests, over, arms) -> tuple[float, list[float]]:
         """`generate` when every request fits at once: one prefill, then segments between finishes (the same

@@ -206,7 +206,7 @@ class DCS:
             if block and min_version is not None:
                 limit = self.timeout_s * 5
                 with self._newer:
-                    if not self._newer.wait_for(lambda: self._staged() >= min_version, timeout=limit):
+                    if not self._newer.wait_for(lambda: self.staged_version() >= min_version, timeout=limit):
                         raise TimeoutError(f"dcs: version >= {min_version} did not arrive within {limit} s")
         elif block:
             self._pull(min_version, exact)
@@ -222,7 +222,8 @@ class DCS:
         finally:
             st.lock.release()
 
-    def _staged(self) -> int:
+    def staged_version(self) -> int:
+        """The version in this member's staging: the newest one it has brought in (-1: none yet)."""
         return self.staging.version if self.staging is not None else -1
 
     def _sync_object_store(self, have, load, min_version, exact, block) -> int:
@@ -251,7 +252,7 @@ class DCS:
         with self._pull_lock:
             failures = 0
             while failures < 6:
-                have = self._staged()
+                have = self.staged_version()
                 try:
                     sess = ray.get(self.coord.request.remote(self.id, have, min_version, exact, exclude + busy,
                                                              min(2.0, wait) if busy else wait))

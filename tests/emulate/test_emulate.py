@@ -54,6 +54,7 @@ def test_sample_lengths_are_the_simulators_draw():
 
 def test_engine_call_takes_the_modelled_time_over_the_compression():
     from relax.emulate.engine import EmulatedEngine
+    from relax.engines.feed import fixed
     from relax.models import build_model
 
     cfg = engine_config(load_config(ASYNC, ["emulate.hardware=h800", "steps=2", "emulate.compression=2000"]))
@@ -67,10 +68,12 @@ def test_engine_call_takes_the_modelled_time_over_the_compression():
     took = time.time() - t0
     assert took >= modelled / 2000  # never faster than the model (slower only by this machine's own overhead)
     assert [len(g.token_ids) for g in gens] == [emu.real_len(x) for x in lengths]
-    streamed = list(eng.generate_stream([[1, 5, 6]] * len(lengths), lengths, max_inflight=4))
+    t0 = time.time()
+    streamed = list(eng.generate_stream(fixed([[1, 5, 6]] * len(lengths), lengths), max_inflight=4))
     assert sorted(i for i, _ in streamed) == list(range(len(lengths)))
-    # four in flight (max_inflight) takes longer on the model than all sixteen at once
-    assert emu.generate_time(lengths, max_running=4)[0] > modelled
+    # four in flight (max_inflight) takes longer on the model than all sixteen at once, and the stream its time
+    four = emu.cost.generate([(emu.prompt, x) for x in lengths], 4)[0]
+    assert four > modelled and time.time() - t0 >= four / 2000
 
 
 @pytest.mark.slow

@@ -61,3 +61,17 @@ def test_partial_rollout_keeps_the_gate_on_the_first_version(tmp_path):
     assert len(run_spans) > 0 and [r["step"] for r in rows] == [0, 1, 2]
     for r in rows:  # staleness counts from a row's first token's version; the span is recorded beside it
         assert r["staleness_max"] <= 1 and 0.0 <= r["partial_rows_share"] <= 1.0 and r["partial_span_max"] >= 0
+
+
+@pytest.mark.slow
+def test_a_replica_refills_its_engine_across_claims_and_partitions(tmp_path):
+    """One claim is one group (chunk_groups=1, as many requests as max_inflight): the replica claims the next
+    group as soon as a slot frees, so claims overlap, and it enters partition 1 (s = 1: the gate and version 0
+    admit it) while partition 0's last group still decodes, instead of draining its engine at every claim's tail.
+    (Partition 2 needs version 1, which a replica without partial rollout loads only once its engine drained.)"""
+    spans = _run(tmp_path, "rollout.chunk_groups=1", "steps=3", "max_staleness=1")
+    claims = sorted((s for s in spans if s["name"] == "generate"), key=lambda s: s["ts"])
+    assert len(claims) == 3 * 4 and all(s["args"]["groups"] == 1 for s in claims)
+    assert any(b["ts"] < a["ts"] + a["dur"] for a, b in zip(claims, claims[1:]))  # the next claim joined mid-claim
+    last_0 = max(s["ts"] + s["dur"] for s in spans if s["name"] == "group_done" and s["args"]["step"] == 0)
+    assert min(s["ts"] for s in claims if s["args"]["step"] == 1) < last_0

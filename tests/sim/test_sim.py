@@ -18,6 +18,7 @@ from relax.run_folder import RunFolder
 from relax.sim.cost import CostModel, SimOptions
 from relax.sim.hardware import HardwareProfile, load_hardware
 from relax.sim.lengths import LengthModel, fit_mean, truncated_mean
+from relax.sim.live import LiveEngine
 from relax.sim.shapes import CHAR_VOCAB, HERE as MODELS, load_shape_file, model_shape
 from relax.sim.sim import SimGate, Simulation
 
@@ -181,8 +182,22 @@ def test_staleness_zero_against_infinity(ratio):
         assert t == pytest.approx(max(R, T), rel=1e-9)
 
 
+def _live(c, reqs, cap=None, max_running=None):
+    """(duration, finish times) of `reqs` run through a LiveEngine given them all at once."""
+    eng = LiveEngine(c, max_running)
+    if cap is not None:
+        eng.cap = cap
+    for i, (p, n) in enumerate(reqs):
+        eng.add(i, p, n)
+    fin = [0.0] * len(reqs)
+    while len(eng):
+        for i in eng.advance():
+            fin[i] = eng.t
+    return eng.t, fin
+
+
 def test_engine_fast_path_is_the_queued_path():
-    """All requests fit at once: the sorted fast path gives the queue-and-heap path's times exactly; a KV cache
+    """All requests fit at once: the sorted fast path gives the live engine's times exactly; a KV cache
     too small for all of them queues the rest and takes longer."""
     cfg = _cfg()
     c = CostModel(cfg, model_shape(cfg), load_hardware("h800"))
@@ -191,11 +206,31 @@ def test_engine_fast_path_is_the_queued_path():
     for _ in range(100):
         reqs = [(float(rng.choice([5, 10])), rng.randint(1, 40)) for _ in range(rng.randint(1, 20))]
         fast = c._generate_all_admitted(reqs, over, arms)
-        queued = c._generate_queued(reqs, float("inf"), 10**6, over, arms)
+        queued = _live(c, reqs, cap=float("inf"))
         assert fast[0] == pytest.approx(queued[0], rel=1e-12)
         assert fast[1] == pytest.approx(queued[1], rel=1e-12)
-        small = c._generate_queued(reqs, max(p + n for p, n in reqs), 10**6, over, arms)
+        small = _live(c, reqs, cap=max(p + n for p, n in reqs))
         assert small[0] >= fast[0] * (1 - 1e-12)
+
+
+def test_a_refilled_engine_stays_full_and_beats_claim_by_claim():
+    """LiveEngine fed as it goes (a streaming replica that refills): the batch stays at max_running while
+    work is left, and two long-tailed claims finish sooner than run one engine call after the other."""
+    cfg = _cfg()
+    c = CostModel(cfg, model_shape(cfg), load_hardware("h800"))
+    one = [(10.0, 40)] + [(10.0, 4)] * 7  # one long response per claim: its tail decodes at batch 1
+    two = one + one
+    calls = [c.generate(one, 8)[0] for _ in range(2)]
+    eng, queue, batches = LiveEngine(c, 8), list(range(len(two))), []
+    while queue or len(eng):
+        while eng.free() and queue:
+            i = queue.pop(0)
+            eng.add(i, *two[i])
+        batches.append((len(eng), bool(queue)))
+        eng.advance()
+    assert all(n == 8 for n, left in batches if left) and len(batches) > 2  # refilled as soon as a slot frees
+    assert eng.t < sum(calls)
+    assert eng.t == pytest.approx(c.generate(two, 8)[0], rel=1e-12)  # the same FIFO work, fed or given at once
 
 
 @pytest.mark.parametrize("s", [0, 1, 2, 3])

@@ -1,0 +1,116 @@
+"""Request-level streaming that refills (rollout.max_inflight): one engine stream per Rollout replica, kept full
+across GroupQueue claims and partitions.
+
+`ClaimFeed.feed` is the engine's feed (relax/engines/feed.py). Whenever the engine has a free slot it hands out
+the next requests of the claims this replica holds, and claims more groups when it has none left: from
+partition k, or from k + 1 once the staleness gate admits k + 1 and the loaded weights are new enough
+(>= k + 1 - max_staleness; a request's first version is the one loaded when it joins, and versions only grow).
+So a claim's long tail decodes beside the next claim's requests instead of holding the engine at a batch of
+one or two, as slime's and AReaL's engines are refilled.
+- Without partial rollout the feed takes no new work once a newer version is in the staging: the engine
+  drains, loads it and goes on (in-flight requests are never restarted, and staleness stays as low as before).
+- Each group goes to the bus the moment its last sample finishes; a claim is finished with the GroupQueue when
+  its last group is on the bus. A replica may hold several open claims: on a crash the supervisor hands every
+  one of them out again (a claim cut mid-put is flagged maybe_put, as before).
+- `ClaimFeed.next` / `wait` / `stop` say why the feed ran dry, for the replica's loop: enter the next partition
+  through the blocking gate, wait for others' open work, or end.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+import ray
+
+from relax.bus.gate import can_start
+
+QUIET_S = 0.02  # after a claim attempt that found nothing, the feed asks the queue / gate again after this
+
+
+class ClaimFeed:
+    def __init__(self, role, k: int):
+        self.role, self.k = role, k
+        self.claims: dict[int, dict] = {}  # cid -> {step, groups, prompts, limits, done, left, t0, put}
+        self.buffer: deque = deque()  # (cid, group, sample) not yet given to the engine
+        self.requests: list[tuple[int, int, int]] = []  # this stream's request number -> (cid, group, sample)
+        self.next = self.wait = self.stop = False
+        self.quiet_until = 0.0
+        self.cpu0 = time.process_time()
+
+    def begin(self) -> None:
+        """A new engine stream: its requests are numbered from 0 again."""
+        self.requests = []
+
+    def feed(self, free: int) -> list[tuple[list[int], int]]:
+        out = []
+        while len(out) < free and (self.buffer or self._claim()):
+            cid, g, j = self.buffer.popleft()
+            c = self.claims[cid]
+            out.append((c["prompts"][g], c["limits"][g][j]))
+            self.requests.append((cid, g, j))
+        return out
+
+    def _claim(self) -> bool:
+        """Open one more claim (True), or say why not (False: next / wait / stop, or a newer version to load)."""
+        role, s = self.role, self.role.cfg.max_staleness
+        if self.stop or time.time() < self.quiet_until:
+            return False
+        if not role.cfg.rollout.partial and role.weights.staged_version() > role.version:
+            return False  # drain, then load it (RolloutRole._run_streaming)
+        self.next = self.wait = False
+        while True:
+            claim = ray.get(role.queue.claim.remote(role.replica, self.k))
+            if claim.get("stop"):
+                self.stop = True
+                return False
+            if claim.get("next"):
+                k = self.k + 1
+                if role.version >= k - s and can_start(k, role.bus.oldest_unconsumed(), s):
+                    self.k = k  # enter k + 1 mid-stream: the gate admits it and the loaded weights may start it
+                    continue
+                self.next, self.quiet_until = True, time.time() + QUIET_S
+                return False
+            if claim.get("wait"):
+                self.wait, self.quiet_until = True, time.time() + QUIET_S
+                return False
+            if self._open(claim):
+                return True
+
+    def _open(self, claim: dict) -> bool:
+        role = self.role
+        groups = role.groups_to_generate(claim)
+        if not groups:
+            ray.get(role.queue.finish.remote(claim["cid"], 0))
+            return False
+        j, G = claim["step"], role.cfg.rollout.group_size
+        prompts, limits = {}, {}
+        for g in groups:
+            prompts[g] = role.tokenizer.encode(role.data[role.prompt_index(j, g, 0)].prompt)
+            limits[g] = role.emu.limits(j, [g]) if role.emu is not None else [role.cfg.rollout.max_new_tokens] * G
+        self.claims[claim["cid"]] = {"step": j, "groups": groups, "prompts": prompts, "limits": limits,
+                                     "done": {g: {} for g in groups}, "left": len(groups), "t0": time.time(),
+                                     "put": role.claim_put(claim)}
+        self.buffer.extend((claim["cid"], g, x) for g in groups for x in range(G))
+        return True
+
+    def finished(self, number: int, gen) -> None:
+        """The engine finished request `number`: a group whose last sample this is goes to the bus, and a claim
+        whose last group that was is finished with the GroupQueue."""
+        role, G = self.role, self.role.cfg.rollout.group_size
+        cid, g, x = self.requests[number]
+        c = self.claims[cid]
+        done = c["done"][g]
+        done[x] = gen
+        if len(done) < G:
+            return
+        j = c["step"]
+        with role.rec.span("group_done", step=j, group=g):
+            c["put"](role.group_rows(j, g, c["prompts"][g], [done[i] for i in range(G)]))
+        c["left"] -= 1
+        if c["left"] == 0:
+            del self.claims[cid]
+            ray.get(role.queue.finish.remote(cid, len(c["groups"])))
+            cpu, self.cpu0 = time.process_time() - self.cpu0, time.process_time()  # claims overlap: no double count
+            role.rec.record("generate", c["t0"], time.time(), step=j, cpu=cpu, groups=len(c["groups"]),
+                            replica=role.replica)
