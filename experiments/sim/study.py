@@ -31,7 +31,7 @@ from relax.sim.bound import pool_limits
 from relax.sim.cost import CostModel, SimOptions
 from relax.sim.hardware import HardwareProfile, Sourced, load_hardware
 from relax.sim.lengths import length_model
-from relax.sim.output import mean_step_time
+from relax.sim.output import mean_step_time, steady_step_time
 from relax.sim.search import search_split, split_candidates
 from relax.sim.shapes import model_shape
 from relax.sim.sim import Simulation
@@ -250,7 +250,8 @@ def scaling(st: Study) -> list[dict]:
             m = n // 16
             a = st.describe(scaled(st, files["async"], m), steps=sc["steps"])
             c = st.describe(scaled(st, files["colocate"], m, files.get("colocate_overrides", [])), steps=sc["steps"])
-            p = _partial(st, files["async"], m, sc)
+            pc = _partial(st, files["async"], m)
+            p = pc and st.describe(pc, steps=sc["steps"])
             rows.append({"model": model, "gpus": n, "async_step_s": a["step_time_s"],
                          "async_partial_step_s": p and p["step_time_s"],
                          "partial_speedup": p and round(a["step_time_s"] / p["step_time_s"], 3),
@@ -264,27 +265,34 @@ def scaling(st: Study) -> list[dict]:
     return rows
 
 
-def _partial(st: Study, path: str, m: int, sc: dict) -> dict | None:
+def _partial(st: Study, path: str, m: int, overrides: list[str] = ()) -> ExperimentConfig | None:
     """The async config with partial rollout (in-flight requests load each new version and go on): request-level
-    streaming of each replica's whole share (rollout.max_inflight), as the engine requires for it; None where the
-    config refuses it (e.g. R3's routing capture is not streamed)."""
+    streaming (rollout.max_inflight: each replica's share of a step in flight, refilled across claims and steps
+    as the engine does), as the engine requires for it; None where the config refuses it (e.g. R3's routing
+    capture is not streamed)."""
     base = st.config(path)
     share = groups_per_replica(base) * base.rollout.group_size  # requests; weak scaling keeps it at every size
     try:
-        cfg = scaled(st, path, m, ["rollout.partial=true", f"rollout.max_inflight={share}"])
+        return scaled(st, path, m, [*overrides, "rollout.partial=true", f"rollout.max_inflight={share}"])
     except ConfigError:
         return None
-    return st.describe(cfg, steps=sc["steps"])
 
 
 def staleness(st: Study) -> list[dict]:
+    """Step time by max_staleness, the paper's chunked claims beside streaming that refills + partial rollout;
+    the steady state past the first s + 1 steps (steady_step_time), so runs are long enough for s = 8."""
     sp, rows = st.spec["staleness"], []
     for n in sp["gpus"]:
         for s in sp["s"]:
             cfg = scaled(st, sp["config"], n // 16, [f"max_staleness={s}"])
-            t = st.step_time(cfg, steps=sp["steps"])
+            t = steady_step_time(st.simulation(cfg, steps=sp["steps"]))
+            pc = _partial(st, sp["config"], n // 16, [f"max_staleness={s}"])
+            ps = pc and st.simulation(pc, steps=sp["steps"])
             rows.append({"gpus": n, "max_staleness": s, "step_time_s": round(t, 2),
-                         "samples_per_s": round(cfg.rollout.prompts_per_step * cfg.rollout.group_size / t, 4)})
+                         "samples_per_s": round(cfg.rollout.prompts_per_step * cfg.rollout.group_size / t, 4),
+                         "streaming_partial_step_s": ps and round(steady_step_time(ps), 2),
+                         **({f"streaming_partial_{k}": v for k, v in pool_limits(ps).items()
+                             if k in ("bound_step_s", "latency_floor_s")} if ps else {})})
     return rows
 
 

@@ -40,8 +40,9 @@ class GroupQueue:
         self.claims[cid] = {"replica": replica, "step": step, "groups": groups, "putting": False}
         return {"cid": cid, "step": step, "groups": groups, "maybe_put": maybe_put}
 
-    async def claim(self, replica: int, upto: int) -> dict:
-        """Work for `replica`, which may start partitions <= `upto` (the staleness gate let it).
+    async def claim(self, replica: int, upto: int, most: int | None = None) -> dict:
+        """Work for `replica`, which may start partitions <= `upto` (the staleness gate let it): at most
+        chunk_groups fresh groups, or `most` if fewer (a streaming replica claims only what its free slots start).
 
         Returns a claim {cid, step, groups, maybe_put}, or {"next": True} (move on to partition upto+1),
         {"wait": True} (others hold the last open work) or {"stop": True} (all done, or draining)."""
@@ -54,7 +55,7 @@ class GroupQueue:
         for j in range(upto + 1):
             if self.next_group[j] < self.P:
                 lo = self.next_group[j]
-                self.next_group[j] = min(self.P, lo + self.chunk)
+                self.next_group[j] = min(self.P, lo + min(self.chunk, most or self.chunk))
                 return self._new_claim(replica, j, list(range(lo, self.next_group[j])), False)
         if upto < self.steps - 1:
             return {"next": True}

@@ -44,15 +44,17 @@ class ClaimFeed:
 
     def feed(self, free: int) -> list[tuple[list[int], int]]:
         out = []
-        while len(out) < free and (self.buffer or self._claim()):
+        while len(out) < free and (self.buffer or self._claim(free - len(out))):
             cid, g, j = self.buffer.popleft()
             c = self.claims[cid]
             out.append((c["prompts"][g], c["limits"][g][j]))
             self.requests.append((cid, g, j))
         return out
 
-    def _claim(self) -> bool:
-        """Open one more claim (True), or say why not (False: next / wait / stop, or a newer version to load)."""
+    def _claim(self, free: int) -> bool:
+        """Open one more claim, of at most the groups `free` slots start now (True), or say why not (False: next /
+        wait / stop, or a newer version to load). Claiming no more than it can start keeps a replica from
+        holding groups back that an idle replica could start."""
         role, s = self.role, self.role.cfg.max_staleness
         if self.stop or time.time() < self.quiet_until:
             return False
@@ -60,7 +62,8 @@ class ClaimFeed:
             return False  # drain, then load it (RolloutRole._run_streaming)
         self.next = self.wait = False
         while True:
-            claim = ray.get(role.queue.claim.remote(role.replica, self.k))
+            most = -(-free // role.cfg.rollout.group_size)
+            claim = ray.get(role.queue.claim.remote(role.replica, self.k, most))
             if claim.get("stop"):
                 self.stop = True
                 return False

@@ -7,6 +7,11 @@
 - reference / actor_fwd: one forward over every sequence on their own devices.
 A separate-pool schedule cannot beat the slowest pool; a colocated one runs them one after another on the same
 devices, so its limit is their sum (plus sleep/wake). Throughput limit = samples per step / that time.
+
+The latency floor (async): partition k + s + 1 may start only once partition k is trained (the staleness gate),
+and k cannot be trained before its longest response is decoded (at best alone on an engine: L) and the Actor
+has trained it (T). So s + 1 steps take at least L + T: a step at least (L + T) / (s + 1), however many GPUs
+each pool has. `floor_step_s` is the larger of the two limits.
 """
 
 from __future__ import annotations
@@ -14,9 +19,9 @@ from __future__ import annotations
 from relax.sim.sim import Simulation
 
 
-def pool_limits(sim: Simulation, step: int = 0) -> dict:
-    c, cfg = sim.cost, sim.cfg
-    saved = dict(c.acc)  # pricing the limit is not simulated work: implied() must not count it
+def _step(sim: Simulation, step: int) -> dict:
+    """Each pool's time for partition `step`'s work at its best, and the rollout's best rate."""
+    c = sim.cost
     resp = [x for g in sim.resp[step] for x in g]
     p = sim.prompt
     n_mean = sum(resp) / len(resp)
@@ -35,14 +40,33 @@ def pool_limits(sim: Simulation, step: int = 0) -> dict:
         limits["reference"] = c.forward_time(tok, sq, "reference")
     if sim.has_fwd:
         limits["actor_fwd"] = c.forward_time(tok, sq, "actor_fwd")
+    alone = c.generate([(p, max(resp))], 1)[0]  # the step's longest response, alone on an engine
+    return {"limits": limits, "rate": rate, "batch": batch, "alone": alone}
+
+
+def pool_limits(sim: Simulation, steps=None) -> dict:
+    """The limits of `steps` (default: every step of the run), each the mean over those partitions (the work
+    of one partition varies: 32 groups of long-tailed lengths)."""
+    c, cfg = sim.cost, sim.cfg
+    saved = dict(c.acc)  # pricing the limit is not simulated work: implied() must not count it
+    per = [_step(sim, k) for k in (range(sim.steps) if steps is None else steps)]
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    limits = {k: mean([x["limits"][k] for x in per]) for k in per[0]["limits"]}
+    rate, batch, alone = mean([x["rate"] for x in per]), mean([x["batch"] for x in per]), mean([x["alone"] for x in per])
+    floor = None
     if cfg.mode == "colocate":
         bound = sum(limits.values()) + c.sleep_time() + c.wake_time()
         slowest = "all pools in turn (shared devices)"
     else:
         slowest = max(limits, key=limits.get)
         bound = limits[slowest]
+        floor = {"longest_response_alone_s": round(alone, 3),
+                 "latency_floor_s": round((alone + limits["actor"]) / (cfg.max_staleness + 1), 3)}
     samples = sim.P * sim.G
     c.acc.update(saved)
-    return {"limits_s": {k: round(v, 3) for k, v in limits.items()}, "bound_step_s": round(bound, 3),
-            "slowest_pool": slowest, "bound_samples_per_s": round(samples / bound, 4),
-            "rollout_tokens_per_s_limit": round(rate, 1), "rollout_best_batch": batch}
+    out = {"limits_s": {k: round(v, 3) for k, v in limits.items()}, "bound_step_s": round(bound, 3),
+           "slowest_pool": slowest, "bound_samples_per_s": round(samples / bound, 4),
+           "rollout_tokens_per_s_limit": round(rate, 1), "rollout_best_batch": round(batch, 1)}
+    if floor is not None:
+        out.update(floor, floor_step_s=round(max(bound, floor["latency_floor_s"]), 3))
+    return out

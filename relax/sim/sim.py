@@ -16,6 +16,7 @@ simulated trace like a measured one.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 import simpy
@@ -24,6 +25,7 @@ from relax.bus.gate import can_start
 from relax.config import ConfigError, ExperimentConfig
 from relax.sim.cost import CostModel
 from relax.sim.lengths import LengthModel
+from relax.sim.live import LiveEngine
 
 
 @dataclass
@@ -200,11 +202,12 @@ class Simulation:
         b = self.g_bytes[k]
         return len(groups) * self.G, sum(b[g] for g in groups)
 
-    def claim(self, upto: int) -> tuple[int, list[int]] | None:
+    def claim(self, upto: int, most: int | None = None) -> tuple[int, list[int]] | None:
+        """The GroupQueue: up to chunk groups (or `most`, if fewer) of the lowest partition <= upto left."""
         for j in range(upto + 1):
             lo = self.next_group[j]
             if lo < self.P:
-                hi = min(self.P, lo + self.chunk)
+                hi = min(self.P, lo + min(self.chunk, most or self.chunk))
                 self.next_group[j] = hi
                 return j, list(range(lo, hi))
         return None
@@ -425,28 +428,105 @@ class Simulation:
             self.end_step(k, t_start, wait)
 
     # --- relax async ----------------------------------------------------------------------------------------
+    def enter(self, r: int, k: int):
+        """Replica r enters partition k: the staleness gate, then weights >= k - max_staleness."""
+        t0 = self.env.now
+        yield self.gate.wait_can_start(k)
+        self.span("rollout", "staleness_gate", k, t0, replica=r)
+        yield from self.load_weights(r, k, min_version=k - self.cfg.max_staleness)
+
     def rollout_replica(self, r: int):
-        s, shared = self.cfg.max_staleness, self.cfg.rollout.replicas > 1
-
-        def enter(k):
-            t0 = self.env.now
-            yield self.gate.wait_can_start(k)
-            self.span("rollout", "staleness_gate", k, t0, replica=r)
-            yield from self.load_weights(r, k, min_version=k - s)
-
+        if self.max_inflight is not None:
+            yield from self.refill_replica(r)
+            return
+        shared = self.cfg.rollout.replicas > 1
         k = 0
-        yield from enter(k)
+        yield from self.enter(r, k)
         while True:
             c = self.claim(k)
             if c is None:
                 if k + 1 >= self.steps:
                     return
                 k += 1
-                yield from enter(k)
+                yield from self.enter(r, k)
                 continue
             if shared and self.versions.version > self.loaded[r]:  # sync_weights(block=False) between chunks
                 yield from self.load_weights(r, c[0])
             yield from self.generate_chunk(r, *c)
+
+    def refill_replica(self, r: int):
+        """rollout.max_inflight: RolloutRole._run_streaming with its feed (relax/roles/stream.py). One engine
+        (relax/sim/live.py) kept full: a free slot takes the next request of the claims held, claiming more from
+        partition k, or k + 1 once the gate admits it and the loaded version may start it. Without partial
+        rollout no work is taken once a newer version is out: the engine drains and loads it. A group lands
+        (after its put) when its last sample finishes; its version is the one loaded when its first joined."""
+        s, G = self.cfg.max_staleness, self.G
+        eng = LiveEngine(self.cost, self.max_inflight)
+        queued: deque = deque()  # (k, g, sample) claimed, not yet in the engine
+        left, claim_of, claims = {}, {}, {}  # (k, g) -> samples left; (k, g) -> claim id; id -> [start, open groups]
+        k, held = 0, 0  # held: cores the engine holds (a CPU profile)
+        yield from self.enter(r, k)
+        while True:
+            gated = False
+            while eng.free():
+                if not queued:
+                    if not self.partial and self.versions.version > self.loaded[r]:
+                        break
+                    most = -(-eng.free() // G)  # only what the free slots start (relax/roles/stream.py)
+                    c = self.claim(k, most)
+                    while c is None and k + 1 < self.steps and self.gate.admits(k + 1) and self.loaded[r] >= k + 1 - s:
+                        k += 1
+                        c = self.claim(k, most)
+                    if c is None:
+                        gated = k + 1 < self.steps
+                        break
+                    cid = len(claims)
+                    claims[cid] = [self.env.now, len(c[1])]
+                    for g in c[1]:
+                        left[(c[0], g)], claim_of[(c[0], g)] = G, cid
+                        queued.extend((c[0], g, x) for x in range(G))
+                j, g, x = queued.popleft()
+                if left[(j, g)] == G and x == 0:
+                    self.group_version[j][g] = self.loaded[r]  # a group's oldest row: its first sample's join
+                eng.add((j, g), self.prompt, self.resp[j][g][x])
+            if not len(eng):
+                if held:
+                    self.core_s += held * (self.env.now - held_t0)
+                    yield self.cores.put(held)
+                    held = 0
+                if gated:
+                    k += 1
+                    yield from self.enter(r, k)
+                elif not self.partial and self.versions.version > self.loaded[r]:
+                    yield from self.load_weights(r, k)  # drained for it
+                else:
+                    return
+                continue
+            if self.cores is not None and not held:  # a CPU profile: the stream holds the rollout's cores
+                held = min(self.cfg.resources.rollout.threads, self.cores.capacity)
+                yield self.cores.get(held)
+                held_t0 = self.env.now
+            t0 = eng.t
+            done = eng.advance()
+            todo = (eng.t - t0) / (self.share if held else 1.0)
+            while todo > 1e-12:  # partial rollout: a version arriving meanwhile is loaded (the engine stands still)
+                t1 = self.env.now
+                paused = yield from self.wait_or_load(r, k, todo)
+                todo -= self.env.now - t1 - paused
+            for j, g in done:
+                left[(j, g)] -= 1
+                if left[(j, g)] == 0:
+                    cid = claim_of.pop((j, g))
+                    claims[cid][1] -= 1
+                    self.env.process(self.land(r, j, g, claims[cid] if claims[cid][1] == 0 else None))
+
+    def land(self, r: int, k: int, g: int, claim: list | None):
+        """Group g of partition k is put on the bus (its rows' bus time after its last sample finished)."""
+        yield self.env.timeout(self.bus_time(*self.rows_bytes(k, [g])))
+        self.order[k].append(g)
+        self.fields["generated"].add(k, 1)
+        if claim is not None:  # the claim's last group: its generate span, as the Rollout records it
+            self.span("rollout", "generate", k, claim[0], replica=r)
 
     def run_async(self) -> None:
         for r in range(self.cfg.rollout.replicas):

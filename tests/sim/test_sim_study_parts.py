@@ -10,7 +10,7 @@ from relax.sim.bound import pool_limits
 from relax.sim.cost import CostModel, SimOptions
 from relax.sim.hardware import HardwareProfile, load_hardware
 from relax.sim.lengths import LengthModel
-from relax.sim.output import mean_step_time
+from relax.sim.output import mean_step_time, steady_step_time
 from relax.sim.search import search_split, split_candidates, with_split
 from relax.sim.shapes import model_shape
 from relax.sim.sim import Simulation
@@ -118,15 +118,15 @@ def test_streamed_groups_reach_the_trainer_before_the_call_ends():
 
 
 def test_rollout_max_inflight_streams_and_caps_the_engine_as_the_engine_does():
-    """The config's request-level streaming is the simulator's too: groups land as they finish, and a smaller
-    max_inflight admits fewer requests at once, so the same call takes longer."""
+    """The config's request-level streaming is the simulator's too: groups land as they finish (the trainer starts
+    on partition 0 before its last claim is done), and a smaller max_inflight admits fewer requests at once, so
+    the same partition takes longer."""
     gen = {}
     for cap in (256, 8):
         cfg = load_config(ASYNC16, ["max_staleness=0", f"rollout.max_inflight={cap}"])
         sim = _h800_sim(cfg, steps=2, inflight_groups=8).run()
-        gen_end = min(s.end for s in sim.spans if s.name == "generate" and s.step == 0)
-        assert min(s.start for s in sim.spans if s.name == "train_micro_batch" and s.step == 0) < gen_end
-        gen[cap] = sum(s.end - s.start for s in sim.spans if s.name == "generate")
+        gen[cap] = max(s.end for s in sim.spans if s.name == "generate" and s.step == 0)
+        assert min(s.start for s in sim.spans if s.name == "train_micro_batch" and s.step == 0) < gen[cap]
     assert gen[8] > gen[256]
 
 
@@ -147,3 +147,28 @@ def test_partial_rollout_loads_a_new_version_mid_call_and_keeps_the_first_for_th
         for k in range(sim.steps):
             assert all(k - v <= 2 for v in sim.group_version[k])  # the bound holds on the first version
     assert not calls[False]
+
+
+@pytest.mark.parametrize("s", [0, 1, 2])
+def test_no_async_step_beats_the_staleness_latency_floor(s):
+    """Partition k + s + 1 starts only once k is trained, and k is not trained before its longest response is
+    decoded and the Actor has trained it: the steady step is never below (L + T) / (s + 1) (relax/sim/bound.py),
+    with the engine refilled (streaming + partial rollout) or not."""
+    for extra in ([], ["rollout.max_inflight=64", "rollout.partial=true"]):
+        if s == 0 and extra:
+            extra = ["rollout.max_inflight=64"]  # partial rollout needs s >= 1
+        cfg = load_config(ASYNC16, [f"max_staleness={s}", *extra])
+        sim = _h800_sim(cfg, steps=12, mean=3000.0, inflight_groups=8).run()
+        skip = s + 1
+        lim = pool_limits(sim, range(skip, sim.steps))
+        assert steady_step_time(sim) >= lim["latency_floor_s"] * 0.98
+        assert lim["floor_step_s"] == max(lim["bound_step_s"], lim["latency_floor_s"])
+
+
+def test_steady_step_time_skips_the_partitions_the_gate_admits_at_once():
+    class Fake:  # step ends of a run at s = 2: partitions 0..2 started together, then one every 10 s
+        steps, step_end = 5, {0: 10.0, 1: 12.0, 2: 14.0, 3: 24.0, 4: 34.0}
+        cfg = load_config(ASYNC16, ["max_staleness=2"])
+
+    assert steady_step_time(Fake) == 10.0
+    assert mean_step_time(Fake) == 6.0  # the fill's head start, counted as speed
