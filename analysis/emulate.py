@@ -97,8 +97,11 @@ def _beyond_table(res: dict, tables_dir: Path) -> list[Path]:
                                  ("simulated_steady", f"SIMULATED, {b['simulated_steady']['steps']} steps, steady "
                                                       "state (past the first max_staleness + 1)"))]
     split = b.get("split") or {}
+    ran = b.get("rollout") or {}
     note = (f"{TAG} / SIMULATED: {b['name']} ({', '.join(b['overrides'])}; split {split.get('rollout_gpus')} rollout : "
-            f"{split.get('actor_gpus')} actor GPUs) against {b['base']}. Bound: the slowest pool's work "
+            f"{split.get('actor_gpus')} actor GPUs, so {ran.get('replicas')} replicas, chunk_groups "
+            f"{ran.get('chunk_groups')}, max_inflight {ran.get('max_inflight')}) against {b['base']}. Bound: the "
+            "slowest pool's work "
             f"({lim['slowest_pool']}, {lim['bound_step_s']} s a step). Latency floor: (longest response decoded alone "
             f"{lim['longest_response_alone_s']} s + the Actor's {lim['limits_s']['actor']} s) / (max_staleness + 1) = "
             f"{lim['latency_floor_s']} s; the bound with it {lim['floor_step_s']} s (relax/sim/bound.py, the steady "

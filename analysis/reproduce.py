@@ -40,11 +40,12 @@ STUDIES: list[tuple[str, list[str]]] = [
     ("headroom", ["study", "headroom", "--seeds", "0"]),
     ("omni", ["study", "omni"]),  # async vs colocate on the omni task (analysis/omni.py draws it)
     ("recovery", ["study", "recovery"]),  # kills (spare / cold rollout, reference, actor), DCS bench, elastic phases
-    # SIMULATED: 16xH800 predictions beside the paper, scaling, staleness, split (26 s wall, quiet, 2026-12-04)
+    # SIMULATED: 16xH800 predictions beside the paper, scaling, staleness, split (78 s wall, load 1.4, 2026-12-04
+    # 18:33; 26 s before the staleness sweep grew to 30 steps with a streaming column)
     ("sim", ["study", "sim"]),
     # EMULATED H800s: the real engine at the paper's shape, 5 schedules + beyond-the-paper, beside the simulator
-    # (5 runs of 4 steps at 100x compression, beyond-the-paper, the faults run: 556 s measured on 2026-12-03
-    # 18:54-19:16 with nothing else running, inside its 10-minute budget; 16m27s before the native stand-in model)
+    # (5 runs of 4 steps at 100x compression, beyond-the-paper, the faults run: 528 s measured on 2026-12-04
+    # 18:23-18:32 with nothing else running, inside its 10-minute budget; 16m27s before the native stand-in model)
     ("emulate", ["study", "emulate"]),
 ]
 # Reference folders measured by a separate command (too CPU-heavy for reproduce-fig), kept by --update-reference:

@@ -164,8 +164,10 @@ def beyond(b: dict, configs: dict, spec: dict, out: Path, results: dict) -> dict
         cfg = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={
             "chunk_groups": share, "max_inflight": share * cfg.rollout.group_size})})
         opts["inflight"] = share
+    ran = {"replicas": cfg.rollout.replicas, "chunk_groups": cfg.rollout.chunk_groups,
+           "max_inflight": cfg.rollout.max_inflight}  # after the split
     row = one("beyond", cfg, spec, out, opts, {"config": r["config"], "overrides": [*r["overrides"], *b["overrides"]],
-                                                "split": split, "base": b["base"]})
+                                                "split": split, "rollout": ran, "base": b["base"]})
     gated = next((x for x in results["runs"] if x["name"] == b["base"]), None)
     if gated is not None:
         row["speedup_vs_gated_emulated"] = round(gated["emulated"]["mean_step_time_s"] /

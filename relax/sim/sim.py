@@ -4,7 +4,9 @@ One SimPy process per lane, doing what that lane does in the real engine, in the
 - relax async (relax/roles/, relax/api/pool.py): each rollout replica claims chunks of `chunk_groups` groups from
   the lowest open partition it may start, enters partition k through the staleness gate (`relax.bus.gate.can_start`,
   the Coordinator's own predicate) with weights >= k - max_staleness, and between chunks loads a newer version
-  (several replicas); a chunk's rows land on the bus when its engine call ends. Reward, Reference and ActorFwd
+  (several replicas); a chunk's rows land on the bus when its engine call ends. With rollout.max_inflight a
+  replica is one engine kept full (relax/sim/live.py) that claims groups as slots free, across claims and
+  partitions, and each group lands as its last sample ends (refill_replica, as relax/roles/stream.py). Reward, Reference and ActorFwd
   stream groups as they land, Advantages follows the rewards; the Actor trains micro-batches of whole groups as
   they become ready (StreamingLoader), then all-reduce + optimizer, publish, mark_trained.
 - relax colocate (Controller.run_colocate): wake (k > 0), generate, sleep, then reward, reference, advantages and
@@ -142,9 +144,10 @@ class Simulation:
         self.loaded = [0] * cfg.rollout.replicas  # weight version each replica holds
         self.next_group = [0] * self.steps  # the GroupQueue: next group of each partition never handed out
         self.chunk = cost.opt.inflight_groups or cfg.rollout.chunk_groups  # groups per engine call
-        # rollout.max_inflight: request-level streaming, as RolloutRole._stream_groups does it (the claim's
-        # requests, at most max_inflight at once, each group landing as its last sample ends); rollout.partial:
-        # a version that arrives mid-call is loaded between decode steps (pause, load, go on).
+        # rollout.max_inflight: request-level streaming that refills, as RolloutRole._run_streaming does it
+        # (refill_replica; the colocate and emulated-baseline schedules: the claim's requests, at most max_inflight
+        # at once, each group landing as its last sample ends); rollout.partial: a version that arrives mid-call is
+        # loaded between decode steps (pause, load, go on).
         self.max_inflight = cfg.rollout.max_inflight
         self.stream = cost.opt.stream_groups or self.max_inflight is not None
         self.partial = cfg.rollout.partial
