@@ -52,7 +52,8 @@ def pool_limits(sim: Simulation, steps=None) -> dict:
     per = [_step(sim, k) for k in (range(sim.steps) if steps is None else steps)]
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
     limits = {k: mean([x["limits"][k] for x in per]) for k in per[0]["limits"]}
-    rate, batch, alone = mean([x["rate"] for x in per]), mean([x["batch"] for x in per]), mean([x["alone"] for x in per])
+    rate, batch = mean([x["rate"] for x in per]), mean([x["batch"] for x in per])
+    alone = mean([x["alone"] for x in per])
     floor = None
     if cfg.mode == "colocate":
         bound = sum(limits.values()) + c.sleep_time() + c.wake_time()

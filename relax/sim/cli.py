@@ -73,7 +73,9 @@ def main(args) -> int:
 def format_summary(s: dict, wall_s: float | None = None) -> str:
     lines = [f"SIMULATED, {s['environment']['hardware'].removeprefix('simulated: ')} ({s['experiment']}/{s['profile']}, {s['mode']}, "
              f"schedule {s['schedule']}, max_staleness {s['max_staleness']}, band {s['implied']['band']})",
-             f"  step time {s['mean_step_time_s']:.3f} s   steps/hour {s['steps_per_hour']:.2f}   "
+             f"  step time {s['mean_step_time_s']:.3f} s (past the first; "
+             f"{s['steady_step_time_s']:.3f} s past the first max_staleness + 1)   "
+             f"steps/hour {s['steps_per_hour']:.2f}   "
              f"tokens/s {s['tokens_per_s']:.0f}   response tokens/sample {s['response_tokens_mean']:.1f}",
              f"  trainer wait share {s['trainer_wait_share']:.3f}   staleness max {s['staleness_max']}"
              + (f"   sleep/wake per step {s['sleep_wake_s_mean']:.2f} s" if "sleep_wake_s_mean" in s else ""),

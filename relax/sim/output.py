@@ -110,6 +110,7 @@ def summarize(sim: Simulation, rows: list[dict], hardware: str, devices: str) ->
         "tokens_per_s": round(sum(r["tokens"] for r in rows) / train_s, 3),
         "samples_per_s": round(sum(r["samples"] for r in rows) / train_s, 3),
         "mean_step_time_s": round(step_time, 4),
+        "steady_step_time_s": round(steady_step_time(sim), 4),  # past the first s + 1 (for a bound; run 30+ steps)
         "staleness_max": max(r["staleness_max"] for r in rows),
         "trainer_wait_share": round(sum(r["trainer_wait_s"] for r in steady) /
                                     sum(r["step_time_s"] for r in steady), 4),

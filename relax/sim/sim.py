@@ -6,9 +6,9 @@ One SimPy process per lane, doing what that lane does in the real engine, in the
   the Coordinator's own predicate) with weights >= k - max_staleness, and between chunks loads a newer version
   (several replicas); a chunk's rows land on the bus when its engine call ends. With rollout.max_inflight a
   replica is one engine kept full (relax/sim/live.py) that claims groups as slots free, across claims and
-  partitions, and each group lands as its last sample ends (refill_replica, as relax/roles/stream.py). Reward, Reference and ActorFwd
-  stream groups as they land, Advantages follows the rewards; the Actor trains micro-batches of whole groups as
-  they become ready (StreamingLoader), then all-reduce + optimizer, publish, mark_trained.
+  partitions, and each group lands as its last sample ends (refill_replica, as relax/roles/stream.py).
+  Reward, Reference and ActorFwd stream groups as they land, Advantages follows the rewards; the Actor trains
+  micro-batches of whole groups as they become ready (StreamingLoader), then all-reduce + optimizer, publish, mark_trained.
 - relax colocate (Controller.run_colocate): wake (k > 0), generate, sleep, then reward, reference, advantages and
   the Actor one after another on the shared devices.
 - veRL one-step-off-policy and OpenRLHF async, as relax/schedules/verl.py and openrlhf.py emulate them.
@@ -477,7 +477,8 @@ class Simulation:
                         break
                     most = -(-eng.free() // G)  # only what the free slots start (relax/roles/stream.py)
                     c = self.claim(k, most)
-                    while c is None and k + 1 < self.steps and self.gate.admits(k + 1) and self.loaded[r] >= k + 1 - s:
+                    while (c is None and k + 1 < self.steps and self.gate.admits(k + 1)
+                           and self.loaded[r] >= k + 1 - s):  # enter k + 1 mid-stream
                         k += 1
                         c = self.claim(k, most)
                     if c is None:
