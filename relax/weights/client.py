@@ -118,7 +118,8 @@ class DCS:
         info = ray.get(self.coord.register.remote(role, replica, os.getpid(), serve, trainer, durable))
         self.id, self.role, self.durable = info["id"], role, durable
         if info["store"] is not None:
-            self._pairs = PairGroups(info["store"], self.timeout_s, self.device)
+            self._pairs = PairGroups(info["store"], self.timeout_s, self.device,
+                                     abandoned=lambda sess: ray.get(self.coord.abandoned.remote(sess["sid"])))
         self._stop.clear()
         self._spawn(beat_until, "dcs-heartbeat", self._stop, self.heartbeat_s, self._beat)
         if serve and self.transport == "gloo":

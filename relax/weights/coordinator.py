@@ -278,6 +278,12 @@ class DCSCoordinator:
                 sess["state"] = "failed"
             return sess["state"] == "accepted"
 
+    async def abandoned(self, sid: str) -> bool:
+        """The session failed (a peer was marked dead, or its holder never took it) or is over: its other end
+        should stop waiting for the pair's rendezvous."""
+        s = self.sessions.get(sid)
+        return s is None or s["state"] == "failed"
+
     async def finish(self, sid: str, ok: bool, seconds: float = 0.0) -> None:
         async with self.changed:
             sess = self.sessions.pop(sid, None)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from datetime import timedelta
 
 import torch
@@ -100,15 +101,23 @@ def make_pair_group(store, name: str, rank: int, timeout_s: float, device: str, 
     return make_group(prefixed, rank, 2, "gloo", timeout_s, host=host)
 
 
+PRESENCE_POLL_S = 0.05  # how often a pair's rendezvous looks for its peer's presence key
+PEER_CHECK_S = 1.0  # ... and asks whether the session was abandoned (its peer marked dead)
+
+
 class PairGroups:
     """This process's ends of its pair groups, one per (peer, my rank), each reused while the coordinator names
     the same group; made by that name on both sides (a rendezvous through the coordinator's store).
 
-    Rank 0 is the holder (`send`), rank 1 the receiver (`receive`)."""
+    Rank 0 is the holder (`send`), rank 1 the receiver (`receive`). Before a new group is made each side posts a
+    presence key and waits for the other's, asking `abandoned(sess)` every PEER_CHECK_S: a peer that died before
+    the rendezvous (the supervisor marks it dead, which fails its sessions) costs about a second, not the whole
+    timeout_s the group's own rendezvous would wait, during which a holder serves nobody else."""
 
-    def __init__(self, store_addr: tuple[str, int], timeout_s: float, staging_device: str):
+    def __init__(self, store_addr: tuple[str, int], timeout_s: float, staging_device: str, abandoned=None):
         self.store_addr = store_addr
         self.timeout_s = timeout_s
+        self.abandoned = abandoned
         self.device = "cuda" if staging_device.startswith("cuda") else "cpu"
         self._tls = threading.local()
         self._groups: dict[tuple[str, int], tuple[str, object]] = {}  # (peer, my rank) -> (group name, group)
@@ -128,10 +137,25 @@ class PairGroups:
         got = self._groups.get((peer, rank))
         if got is not None and got[0] == sess["group"]:
             return got[1]
+        self._meet(sess, rank)
         pg = make_pair_group(self._store(), sess["group"], rank, self.timeout_s, self.device, self.store_addr[0])
         self.made += 1
         self._groups[(peer, rank)] = (sess["group"], pg)
         return pg
+
+    def _meet(self, sess: dict, rank: int) -> None:
+        st, name = self._store(), f"dcs/{sess['group']}/present/"
+        st.set(f"{name}{rank}", "1")
+        t0 = checked = time.time()
+        while not st.check([f"{name}{1 - rank}"]):
+            now = time.time()
+            if now - t0 > self.timeout_s:
+                raise TimeoutError(f"dcs: the peer of session {sess['sid']} did not come within {self.timeout_s} s")
+            if self.abandoned is not None and now - checked >= PEER_CHECK_S:
+                checked = now
+                if self.abandoned(sess):
+                    raise RuntimeError(f"dcs: session {sess['sid']} was abandoned (its peer is gone)")
+            time.sleep(PRESENCE_POLL_S)
 
     def drop(self, sess: dict, rank: int) -> None:
         """Forget the pair's group after a failed session (it may be half-way through a collective)."""
