@@ -334,6 +334,9 @@ class FaultSpec(Strict):
     after_s: float = Field(0.0, ge=0)
     duration_s: float = Field(2.0, gt=0)
     duty: float = Field(0.25, gt=0, lt=1)
+    # rollout kill only: fire only while the replica holds a claim whose groups are partly on the bus (its first put
+    # has begun, its last group has not landed), so that the claim goes back to the GroupQueue flagged maybe_put
+    mid_put: bool = False
 
 
 class RewardCollapseRule(Strict):
@@ -562,6 +565,8 @@ class ExperimentConfig(Strict):
                 raise ValueError(f"faults.{i}.kind: 'nan' (a non-finite loss) is a fault of the actor, not the {f.role}")
             if f.kind == "nan" and f.after_s:
                 raise ValueError(f"faults.{i}.after_s: a 'nan' fault poisons step at_step itself (after_s must be 0)")
+            if f.mid_put and (f.role, f.kind) != ("rollout", "kill"):
+                raise ValueError(f"faults.{i}.mid_put: only a rollout replica's kill can wait for a claim in mid-put")
             if f.role == "actor" and f.kind == "kill" and self.dcs.transport != "gloo":
                 raise ValueError(f"faults.{i}: recovering a killed actor needs dcs.transport 'gloo'")
         if self.mode == "colocate" and self.max_staleness != 0:

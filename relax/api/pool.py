@@ -83,6 +83,10 @@ class GroupQueue:
     async def drain(self, replica: int) -> None:
         self.draining.add(replica)
 
+    async def partly_put(self, replica: int) -> int:
+        """Open claims of `replica` whose put has begun: a crash now leaves some of their groups on the bus."""
+        return sum(1 for c in self.claims.values() if c["replica"] == replica and c["putting"])
+
     async def open_claims(self, replica: int) -> int:
         return sum(1 for c in self.claims.values() if c["replica"] == replica)
 

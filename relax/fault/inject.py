@@ -2,7 +2,8 @@
 
     faults: [{role: rollout, at_step: 5, kind: kill}]
 
-A fault fires once the Actor has finished `at_step` steps, plus `after_s` seconds. The step is the Actor's own
+A fault fires once the Actor has finished `at_step` steps, plus `after_s` seconds (a rollout kill with
+`mid_put: true` then also waits for the replica to hold a claim whose groups are partly on the bus). The step is the Actor's own
 counter (it tells Telemetry as it starts each step), and the Actor does not start step at_step + 1 before the
 fault has fired (ActorRole.await_faults): a fault lands in the step it names, however late the driver looks.
   kill   SIGKILL of the role's process (no cleanup, no goodbye: the real thing)
@@ -49,7 +50,7 @@ class FaultInjector:
                 continue
             pid = None if spec.kind == "nan" else self.pid_of(spec)
             if pid is None and spec.kind != "nan":
-                continue  # the target is restarting right now; try again next tick
+                continue  # the target is restarting, or not in its trigger's state yet; try again next tick
             self.waiting.remove(w)
             event = {"index": w["index"], "role": spec.role,
                      "replica": spec.replica if spec.role == "rollout" else None, "kind": spec.kind,

@@ -163,9 +163,15 @@ class Supervisor:
         return handle.run.remote(self.cfg.steps, start=start, recover=recover)
 
     def _pid_for(self, spec) -> int | None:
+        """The process a due fault hits now, or None (not now: it is restarting, or its trigger's state is not
+        reached: FaultSpec.mid_put)."""
         if spec.role == "rollout":
             rep = self.pool.replicas.get(spec.replica)
-            return rep.pid if rep is not None and rep.status == "ACTIVE" else None
+            if rep is None or rep.status != "ACTIVE":
+                return None
+            if spec.mid_put and not ray.get(self.queue.partly_put.remote(spec.replica)):
+                return None
+            return rep.pid
         return self.pids.get(spec.role)
 
     # ---- the async schedule with supervision ------------------------------------------------------------------
@@ -298,6 +304,7 @@ class Supervisor:
             self._forget(rep.pid)
             ray.kill(rep.handle)
             rep.status, rep.pid, rep.future = "RESTARTING", None, None
+            ev["claims_cut_mid_put"] = ev.get("claims_cut_mid_put", 0) + ray.get(self.queue.partly_put.remote(index))
             ev["claims_returned"] = ev.get("claims_returned", 0) + ray.get(self.queue.release.remote(index))
             if self.pool.spare() is not None:
                 return self._swap_in_spare(rep, ev)

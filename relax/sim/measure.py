@@ -1,10 +1,11 @@
 """`relax profile CONFIG [key=value ...] --out FILE`: measure this machine's hardware profile with our own code,
 in the format of relax/sim/hardware/*.yaml: every number's source says "measured" and how, or "assumed (not
-measured: why)" for the defaults and conventions it does not time (the loopback links, the decode efficiencies a CPU
-profile folds into its decode step, and without --ray the bus and RPC costs).
+measured: why)" for the defaults and conventions it does not time (the second node's link, the decode efficiencies
+a CPU profile folds into its decode step, and without --ray the bus and RPC costs).
 
 What it times, for the config's model, at the config's thread counts:
 - device: a square fp32 matmul (peak FLOP/s) and a copy into a reused buffer (memory bandwidth);
+- links: a DCS weight transfer (relax/weights/transport.py's pair groups, gloo on loopback, dcs.bucket_mb buckets);
 - rollout: TorchEngine.generate of one engine call (chunk_groups x group_size prompts) at two response lengths:
   the difference is the decode step (-> rollout.step_overhead_s, the bytes and FLOPs of a tiny model being
   negligible), the rest the prefill (-> efficiency.prefill); TorchEngine.sleep + wake (-> sleep_wake_fixed_s);
@@ -34,6 +35,9 @@ import torch
 from relax.config import ExperimentConfig
 
 
+DCS_MB = 64  # the weights `relax profile` moves through DCS to time it
+
+
 def _best(fn, reps: int = 5) -> float:
     times = []
     for _ in range(reps):
@@ -61,6 +65,31 @@ def _given(value: float, why: str) -> dict:
     return {"value": float(value), "source": f"assumed (not measured: {why})"}
 
 
+def _dcs_bandwidth(cfg: ExperimentConfig, reps: int) -> float:
+    """Bytes/s of a DCS weight transfer on this machine: a holder's and a receiver's PairGroups (two threads, a
+    TCPStore on 127.0.0.1) moving DCS_MB in dcs.bucket_mb buckets over their reused gloo pair group."""
+    import threading
+
+    from relax.weights.transport import PairGroups, store
+
+    st = store("127.0.0.1", 0, master=True, timeout_s=60, wait_for_workers=False)
+    addr = ("127.0.0.1", st.port)
+    holder, receiver = PairGroups(addr, 60, "cpu"), PairGroups(addr, 60, "cpu")
+    sess = {"sid": "profile", "src": "holder", "dst": "receiver", "group": "relax-profile", "version": 0}
+    bucket = int(max(1, min(cfg.dcs.bucket_mb, DCS_MB)) * 2**20) // 4
+    src = [torch.randn(bucket) for _ in range(DCS_MB * 2**20 // 4 // bucket)]
+    dst = [torch.empty(bucket) for _ in src]
+
+    def once():
+        t = threading.Thread(target=holder.send, args=(sess, src))
+        t.start()
+        receiver.receive(sess, dst)
+        t.join()
+
+    once()  # makes the pair's group (reused by every later transfer, as DCS does)
+    return sum(x.numel() * 4 for x in src) / _best(once, reps)
+
+
 def measure(cfg: ExperimentConfig, ray_costs: bool = False, reps: int = 5) -> dict:
     from relax.engines.torch_engine import TorchEngine
     from relax.models import build_model
@@ -77,6 +106,8 @@ def measure(cfg: ExperimentConfig, ray_costs: bool = False, reps: int = 5) -> di
     src, dst = torch.randn(32 * 2**20 // 4), torch.empty(32 * 2**20 // 4)
     dst.copy_(src)
     bw = 2 * src.numel() * 4 / _best(lambda: dst.copy_(src), reps * 2)
+
+    dcs_bw = _dcs_bandwidth(cfg, reps)
 
     # --- rollout: one engine call at two response lengths -----------------------------------------------
     torch.set_num_threads(threads_r)
@@ -163,8 +194,9 @@ def measure(cfg: ExperimentConfig, ray_costs: bool = False, reps: int = 5) -> di
                    "memory_bytes": _given(64e9, "memory is not the bound on this machine"),
                    "memory_bw": _m(bw, "copy of 32 MiB into a reused buffer"),
                    "per_node": _m(os.cpu_count() or 1, "os.cpu_count(): the cores every role shares")},
-        "links": {"intra_node": _given(bw, "the memory copy's bandwidth stands in for loopback"),
-                  "inter_node": _given(bw, "the memory copy's bandwidth stands in for loopback"),
+        "links": {"intra_node": _m(dcs_bw, f"DCS pair transfer of {DCS_MB} MiB over gloo on loopback, "
+                                           f"{cfg.dcs.bucket_mb} MiB buckets (relax.weights.transport.PairGroups)"),
+                  "inter_node": _given(dcs_bw, "one machine: the DCS loopback transfer stands in"),
                   "host": _m(bw, "copy of 32 MiB into a reused buffer"),
                   "latency_s": _given(0.0, "loopback")},
         "efficiency": {

@@ -104,6 +104,8 @@ def test_fault_config_is_checked():
         load_config(base, ["faults=[{role: reward, at_step: 1, kind: nan}]"])
     with pytest.raises(ConfigError, match="faults.0.after_s"):
         load_config(base, ["faults=[{role: actor, at_step: 1, kind: nan, after_s: 1}]"])
+    with pytest.raises(ConfigError, match="faults.0.mid_put"):
+        load_config(base, ["faults=[{role: actor, at_step: 1, mid_put: true}]"])
     with pytest.raises(ConfigError, match="training.max_nonfinite_steps"):
         load_config(base, ["training.max_nonfinite_steps=0"])
     cfg = load_config(base, ["faults=[{role: rollout, at_step: 2, kind: slow, duty: 0.5}]", "max_global_restart=2"])
@@ -144,16 +146,17 @@ def test_killing_every_role_at_once_records_one_event_per_fault(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_killed_streaming_replica_loses_and_repeats_no_sample(tmp_path):
-    """Request-level streaming (rollout.max_inflight): a replica puts each group as its last sample ends, so a kill
-    can land between two groups of one claim. The GroupQueue hands the dead replica's claim out again (maybe_put:
-    only the groups not on the bus are generated again), and every sample is trained exactly once. Replica 1 is
-    slowed first so that the kill is likely to cut a claim in flight."""
+def test_a_replica_killed_mid_put_loses_and_repeats_no_sample(tmp_path):
+    """Request-level streaming (rollout.max_inflight): a replica puts each group as its last sample ends. The kill
+    waits for a claim of replica 1 that is partly on the bus (`mid_put`: its put began, its last group has not
+    landed), so the GroupQueue must hand it out again flagged maybe_put, and the replica that takes it generates only
+    the groups not on the bus. Every sample is trained exactly once. Replica 1 is slowed (stopped 70% of each 100 ms)
+    so that its puts last long enough for the supervisor's poll to see one."""
     from relax.config import load_config as load
     from relax.controller import run_experiment
 
-    faults = ("faults=[{role: rollout, replica: 1, at_step: 0, kind: slow, duration_s: 3, duty: 0.3},"
-              " {role: rollout, replica: 1, at_step: 1, kind: kill, after_s: 0.3}]")
+    faults = ("faults=[{role: rollout, replica: 1, at_step: 0, kind: slow, duration_s: 20, duty: 0.3},"
+              " {role: rollout, replica: 1, at_step: 1, kind: kill, mid_put: true}]")
     cfg = load(ROOT / "experiments/async/cpu.yaml", [*TINY, "steps=5", "rollout.replicas=2", "rollout.chunk_groups=2",
                                                       "rollout.max_inflight=8", faults])
     run_dir, summary = run_experiment(cfg, out=tmp_path, progress=False)
@@ -161,7 +164,9 @@ def test_a_killed_streaming_replica_loses_and_repeats_no_sample(tmp_path):
     assert summary["samples_lost"] == 0 and summary["samples_duplicated"] == 0
     rec = json.loads((run_dir / "recovery.json").read_text())
     assert_one_event_per_kill(rec)
-    assert [(e["role"], e["replica"], e["tier"]) for e in rec["events"] if "tier" in e] == [("rollout", 1, 1)]
+    events = [e for e in rec["events"] if "tier" in e]
+    assert [(e["role"], e["replica"], e["tier"]) for e in events] == [("rollout", 1, 1)]
+    assert events[0]["claims_cut_mid_put"] >= 1 and events[0]["claims_returned"] >= 1, events[0]
 
 
 @pytest.mark.slow

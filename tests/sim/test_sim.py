@@ -355,13 +355,14 @@ def test_profile_measures_a_loadable_cpu_profile(tmp_path):
     assert hw.measured and hw.kind == "cpu"
     sources = {f"{section}.{name}": v.source for section in ("device", "links", "efficiency", "rollout", "overheads")
                for name, v in getattr(hw, section) if v is not None}
-    timed = {"device.peak_flops", "device.memory_bw", "links.host", "efficiency.train_mfu", "efficiency.forward_mfu",
+    timed = {"device.peak_flops", "device.memory_bw", "links.host", "links.intra_node", "efficiency.train_mfu",
+             "efficiency.forward_mfu",
              "efficiency.prefill", "rollout.step_overhead_s", "overheads.sleep_wake_fixed_s",
              "overheads.optimizer_bytes_per_param", "overheads.reward_per_sample_s", "overheads.train_micro_batch_s",
              "overheads.forward_call_s"}
     # what it times says measured; a default or convention says assumed, never measured (without --ray: the
     # bus and RPC costs too), so the simulator's summary lists it under `assumed`
-    not_timed = {"device.memory_bytes", "links.intra_node", "links.inter_node", "links.latency_s",
+    not_timed = {"device.memory_bytes", "links.inter_node", "links.latency_s",
                  "efficiency.decode_bw", "overheads.rpc_s", "overheads.bus_row_s", "overheads.bus_bytes_per_s"}
     assert {k for k, src in sources.items() if src.startswith("measured (")} >= timed
     assert all(sources[k].startswith("assumed (not measured: ") for k in not_timed), sources
