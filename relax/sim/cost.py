@@ -144,14 +144,7 @@ class CostModel:
             out = self._generate_all_admitted(requests, self.step_overhead, self.decode_arms)
             self.acc["generate_s"] += out[0]
             return out
-        for i, (p, n) in enumerate(requests):
-            eng.add(i, p, n)
-        finish = [0.0] * len(requests)
-        while len(eng):
-            for i in eng.advance():
-                finish[i] = eng.t
-        eng.account()
-        return eng.t, finish
+        return eng.run(requests)
 
     def _touched(self, batch: int) -> float:
         """Weight bytes one decode step of `batch` requests reads (cached per batch size)."""

@@ -101,6 +101,17 @@ class LiveEngine:
             done.append(key)
         return done
 
+    def run(self, requests: list[tuple[float, int]]) -> tuple[float, list[float]]:
+        """Every request given at once, in order: (engine seconds, finish time of each); accounted."""
+        for i, (p, n) in enumerate(requests):
+            self.add(i, p, n)
+        finish = [0.0] * len(requests)
+        while len(self):
+            for i in self.advance():
+                finish[i] = self.t
+        self.account()
+        return self.t, finish
+
     def account(self) -> None:
         """Add the decode reads and engine seconds since the last call to the cost model's totals (implied())."""
         self.cost._count_reads(self.w_read, self.kv_read)

@@ -187,13 +187,7 @@ def _live(c, reqs, cap=None, max_running=None):
     eng = LiveEngine(c, max_running)
     if cap is not None:
         eng.cap = cap
-    for i, (p, n) in enumerate(reqs):
-        eng.add(i, p, n)
-    fin = [0.0] * len(reqs)
-    while len(eng):
-        for i in eng.advance():
-            fin[i] = eng.t
-    return eng.t, fin
+    return eng.run(reqs)
 
 
 def test_engine_fast_path_is_the_queued_path():
