@@ -62,6 +62,18 @@ def test_remote_engine_matches_in_process_engine():
         for a, b in zip(gens, mine):
             assert a.token_ids == b.token_ids
             torch.testing.assert_close(torch.tensor(a.log_probs), torch.tensor(b.log_probs), atol=1e-4, rtol=1e-4)
+        # request-level streaming over a feed that hands out one request at a time: the engine asks again as replies
+        # arrive (refills), every request comes back once, numbered in the order the feed gave them
+        todo, asked = list(range(5)), []
+
+        def feed(free):
+            asked.append(free)
+            return [(prompts[i % 3], 6) for i in (todo.pop(0) for _ in range(min(free, 1, len(todo))))]
+
+        got = dict(eng.generate_stream(feed, max_inflight=2))
+        assert sorted(got) == list(range(5)) and not todo
+        assert all(g.weight_version == 3 and 0 < len(g.token_ids) <= 6 for g in got.values())
+        assert asked[-1] == 2  # it ended once nothing was in flight and the feed had nothing
         # sleep / wake (colocated schedule): paused while asleep, woken with a new version
         assert eng.sleep() == 0
         with pytest.raises(RuntimeError, match="asleep"):
