@@ -36,9 +36,9 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
 import numpy as np
 
+from relax.engines.feed import Feed
 from relax.engines.process import terminate
 from relax.engines.sglang import EngineClient, EngineError, WeightSync, sglang_server_args
-from relax.engines.feed import Feed
 from relax.engines.torch_engine import Generation
 
 REMOTE_ENGINES = ("torch_http", "sglang")

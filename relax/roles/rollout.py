@@ -23,6 +23,7 @@ from relax.emulate import emulator, supervised
 from relax.engines.feed import fixed
 from relax.fault.redelivery import existing_groups
 from relax.roles.base import ModelRole
+from relax.roles.stream import QUIET_S, ClaimFeed
 from relax.tasks import make_task
 
 
@@ -153,7 +154,7 @@ class RolloutRole(ModelRole):
                 k += 1
                 self._enter(k)
             elif claim.get("wait"):
-                time.sleep(0.02)
+                time.sleep(QUIET_S)
             else:
                 self._generate_claim(claim)
         self.rec.flush()
@@ -162,8 +163,6 @@ class RolloutRole(ModelRole):
         """Request-level streaming that refills (relax/roles/stream.py): the engine's feed claims groups as
         slots free, across claims and partitions; when the stream runs dry this loop enters the next partition
         through the blocking gate, waits for others' open work, or loads a newer version, and streams again."""
-        from relax.roles.stream import QUIET_S, ClaimFeed
-
         r = self.cfg.rollout
         feed = ClaimFeed(self, start)
         self._enter(start)

@@ -61,8 +61,8 @@ class ClaimFeed:
         if not role.cfg.rollout.partial and role.weights.staged_version() > role.version:
             return False  # drain, then load it (RolloutRole._run_streaming)
         self.next = self.wait = False
+        most = -(-free // role.cfg.rollout.group_size)
         while True:
-            most = -(-free // role.cfg.rollout.group_size)
             claim = ray.get(role.queue.claim.remote(role.replica, self.k, most))
             if claim.get("stop"):
                 self.stop = True

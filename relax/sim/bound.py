@@ -16,6 +16,8 @@ each pool has. `floor_step_s` is the larger of the two limits.
 
 from __future__ import annotations
 
+from statistics import fmean
+
 from relax.sim.sim import Simulation
 
 
@@ -40,8 +42,7 @@ def _step(sim: Simulation, step: int) -> dict:
         limits["reference"] = c.forward_time(tok, sq, "reference")
     if sim.has_fwd:
         limits["actor_fwd"] = c.forward_time(tok, sq, "actor_fwd")
-    alone = c.generate([(p, max(resp))], 1)[0]  # the step's longest response, alone on an engine
-    return {"limits": limits, "rate": rate, "batch": batch, "alone": alone}
+    return {"limits": limits, "rate": rate, "batch": batch, "longest": max(resp)}
 
 
 def pool_limits(sim: Simulation, steps=None) -> dict:
@@ -50,10 +51,8 @@ def pool_limits(sim: Simulation, steps=None) -> dict:
     c, cfg = sim.cost, sim.cfg
     saved = dict(c.acc)  # pricing the limit is not simulated work: implied() must not count it
     per = [_step(sim, k) for k in (range(sim.steps) if steps is None else steps)]
-    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
-    limits = {k: mean([x["limits"][k] for x in per]) for k in per[0]["limits"]}
-    rate, batch = mean([x["rate"] for x in per]), mean([x["batch"] for x in per])
-    alone = mean([x["alone"] for x in per])
+    limits = {k: fmean(x["limits"][k] for x in per) for k in per[0]["limits"]}
+    rate, batch = fmean(x["rate"] for x in per), fmean(x["batch"] for x in per)
     floor = None
     if cfg.mode == "colocate":
         bound = sum(limits.values()) + c.sleep_time() + c.wake_time()
@@ -61,6 +60,8 @@ def pool_limits(sim: Simulation, steps=None) -> dict:
     else:
         slowest = max(limits, key=limits.get)
         bound = limits[slowest]
+        # each step's longest response, alone on an engine (the fastest it can be decoded)
+        alone = fmean(c.generate([(sim.prompt, x["longest"])], 1)[0] for x in per)
         floor = {"longest_response_alone_s": round(alone, 3),
                  "latency_floor_s": round((alone + limits["actor"]) / (cfg.max_staleness + 1), 3)}
     samples = sim.P * sim.G

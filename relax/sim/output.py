@@ -76,12 +76,17 @@ def utilisation(sim: Simulation) -> dict[str, float]:
     return {r: round(sum(v) / (reps if r == "rollout" else len(v)), 4) for r, v in per_role.items()}
 
 
-def mean_step_time(sim: Simulation) -> float:
-    """Mean step time past the first step (the pipeline's fill), as summarize() counts it; needs no spans."""
+def _mean_past(sim: Simulation, skip: int) -> float:
+    """Mean step time of the steps after the first `skip` (1 step run: its own time)."""
     ends = [sim.step_end[k] for k in range(sim.steps)]
     if len(ends) == 1:
         return ends[0]
-    return (ends[-1] - ends[0]) / (len(ends) - 1)
+    return (ends[-1] - ends[skip - 1]) / (len(ends) - skip)
+
+
+def mean_step_time(sim: Simulation) -> float:
+    """Mean step time past the first step (the pipeline's fill), as summarize() counts it; needs no spans."""
+    return _mean_past(sim, 1)
 
 
 def steady_step_time(sim: Simulation) -> float:
@@ -89,10 +94,7 @@ def steady_step_time(sim: Simulation) -> float:
     short run the rollout's head start on them makes the later steps look faster than the steady state (a
     10-step run at s = 2 read 271 s a step where 40 steps read 306 s). For comparisons with a bound."""
     skip = min(sim.cfg.max_staleness + 1, sim.steps - 1) if sim.cfg.mode == "async" else 1
-    ends = [sim.step_end[k] for k in range(sim.steps)]
-    if len(ends) == 1:
-        return ends[0]
-    return (ends[-1] - ends[skip - 1]) / (len(ends) - skip)
+    return _mean_past(sim, skip)
 
 
 def summarize(sim: Simulation, rows: list[dict], hardware: str, devices: str) -> dict:

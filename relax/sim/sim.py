@@ -8,7 +8,8 @@ One SimPy process per lane, doing what that lane does in the real engine, in the
   replica is one engine kept full (relax/sim/live.py) that claims groups as slots free, across claims and
   partitions, and each group lands as its last sample ends (refill_replica, as relax/roles/stream.py).
   Reward, Reference and ActorFwd stream groups as they land, Advantages follows the rewards; the Actor trains
-  micro-batches of whole groups as they become ready (StreamingLoader), then all-reduce + optimizer, publish, mark_trained.
+  micro-batches of whole groups as they become ready (StreamingLoader), then all-reduce + optimizer, publish,
+  mark_trained.
 - relax colocate (Controller.run_colocate): wake (k > 0), generate, sleep, then reward, reference, advantages and
   the Actor one after another on the shared devices.
 - veRL one-step-off-policy and OpenRLHF async, as relax/schedules/verl.py and openrlhf.py emulate them.
