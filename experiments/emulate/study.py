@@ -41,13 +41,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "two studies at different values separate this machine's own overhead (it grows with it)")
 
 
-def simulate(cfg: ExperimentConfig, spec: dict, stream: bool = False, inflight: int | None = None) -> dict:
-    """The simulator's prediction for `cfg` (the engine's behaviour: stream / inflight groups as it runs them)."""
+def simulate(cfg: ExperimentConfig, spec: dict, stream: bool = False, inflight: int | None = None,
+             hardware=None) -> dict:
+    """The simulator's prediction for `cfg` (the engine's behaviour: stream / inflight groups as it runs them) on
+    the spec's hardware, or on `hardware` (a profile: the emulation's host twin)."""
     from relax.sim import build, devices_label
     from relax.sim.bound import pool_limits
     from relax.sim.output import metrics_rows, summarize
 
-    sim = build(cfg, spec["hardware"], band=spec.get("band", "mid"), stream_groups=stream,
+    sim = build(cfg, hardware or spec["hardware"], band=spec.get("band", "mid"), stream_groups=stream,
                 inflight_groups=inflight).run()
     s = summarize(sim, metrics_rows(sim, sim.cost.hw.name), sim.cost.hw.name, devices_label(cfg, sim.cost.hw))
     return {"simulated": True, "mean_step_time_s": s["mean_step_time_s"], "steps_per_hour": s["steps_per_hour"],
@@ -76,13 +78,38 @@ def emulate(cfg: ExperimentConfig, spec: dict, out: Path, name: str) -> dict:
 
 
 def one(name: str, cfg: ExperimentConfig, spec: dict, out: Path, sim_opts: dict, extra: dict) -> dict:
+    """One emulated run beside two simulations of it: on the target (a cluster's step) and on the host twin (the
+    target's GPUs with this machine's host work, as the emulated run meets them: what it should take)."""
     print(f"[emulate] {name}: simulating, then the emulated run ({spec['compression']}x)", flush=True)
-    row = {"name": name, **extra, "simulated": simulate(cfg, spec, **sim_opts), "emulated": emulate(cfg, spec, out, name)}
+    row = {"name": name, **extra, "simulated": simulate(cfg, spec, **sim_opts),
+           "simulated_on_host": simulate(cfg, spec, **sim_opts, hardware=spec["host_twin"]),
+           "emulated": emulate(cfg, spec, out, name)}
     em, si = row["emulated"]["mean_step_time_s"], row["simulated"]["mean_step_time_s"]
+    sh = row["simulated_on_host"]["mean_step_time_s"]
     row["emulated_over_simulated"] = round(em / si, 4)
-    print(f"    emulated {em:.1f} s/step, simulated {si:.1f} s/step ({em / si:.2f}x); trainer wait share "
-          f"{row['emulated']['trainer_wait_share']:.3f}; {row['emulated']['wall_s']:.0f} s real", flush=True)
+    row["emulated_over_simulated_on_host"] = round(em / sh, 4)
+    print(f"    emulated {em:.1f} s/step, simulated {si:.1f} s/step ({em / si:.2f}x), on this host {sh:.1f} s/step "
+          f"({em / sh:.2f}x); trainer wait share {row['emulated']['trainer_wait_share']:.3f}; "
+          f"{row['emulated']['wall_s']:.0f} s real", flush=True)
     return row
+
+
+def host_twin(spec: dict, cfg: ExperimentConfig) -> tuple[dict, object]:
+    """This machine's host work (relax profile's Ray, bus and reward timings, on the stand-in config an emulated
+    run of `cfg` runs) and the spec's hardware with it at the spec's compression (relax.sim.hardware.on_host)."""
+    from relax.emulate import engine_config
+    from relax.sim.hardware import load_hardware, on_host
+    from relax.sim.measure import host_overheads
+
+    stand_in = engine_config(cfg.model_copy(update={"emulate": cfg.emulate.model_copy(update={
+        "hardware": spec["hardware"], "compression": float(spec["compression"])})}))
+    load0, t0 = os.getloadavg()[0], time.time()
+    host = host_overheads(stand_in)
+    measured = {"overheads": host, "wall_s": round(time.time() - t0, 1), "load_before": round(load0, 2),
+                "load_after": round(os.getloadavg()[0], 2)}
+    print(f"[emulate] host work measured in {measured['wall_s']} s: "
+          + ", ".join(f"{k} {v['value']:.3g}" for k, v in host.items()), flush=True)
+    return measured, on_host(load_hardware(spec["hardware"]), host, float(spec["compression"]))
 
 
 def main(args: argparse.Namespace) -> int:
@@ -98,8 +125,9 @@ def main(args: argparse.Namespace) -> int:
                "steps": spec["steps"], "band": spec.get("band", "mid"), "runs": [], "beyond": None}
     configs = {}
     for r in spec["runs"]:
-        cfg = load_config(ROOT / r["config"], [*r["overrides"], f"steps={spec['steps']}"])
-        configs[r["name"]] = (r, cfg)
+        configs[r["name"]] = (r, load_config(ROOT / r["config"], [*r["overrides"], f"steps={spec['steps']}"]))
+    results["host"], spec["host_twin"] = host_twin(spec, next(iter(configs.values()))[1])
+    for r, cfg in configs.values():
         if args.only and r["name"] not in args.only:
             continue
         results["runs"].append(one(r["name"], cfg, spec, out, {}, {

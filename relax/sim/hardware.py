@@ -146,12 +146,36 @@ class HardwareProfile(_Strict):
         return out
 
 
+# What an emulated run (relax/emulate) does for real on the machine it runs on, uncompressed: Ray calls, the bus,
+# the reward and the advantages. Everything else it paces to the target's cost model.
+HOST_WORK = ("rpc_s", "bus_row_s", "bus_call_s", "bus_bytes_per_s", "reward_per_sample_s", "advantages_per_row_s")
+HOST_RATES = ("bus_bytes_per_s",)  # per second: compression divides them
+
+
+def on_host(target: HardwareProfile, host: dict, compression: float) -> HardwareProfile:
+    """`target` as an emulated run of it at `compression` meets it: its GPUs, links and GPU-side overheads, and the
+    host work (HOST_WORK) at this machine's measured cost (`host`: relax.sim.measure.host_overheads) in emulated
+    seconds, i.e. `compression` times heavier. The simulator on it predicts the emulated run, not a cluster."""
+    raw = target.model_dump(mode="json", exclude_none=True)
+    for name in HOST_WORK:
+        v = Sourced.model_validate(host[name])
+        value = v.value / compression if name in HOST_RATES else v.value * compression
+        raw["overheads"][name] = {"value": value, "source": f"{v.source}; this host, in emulated seconds "
+                                  f"(x{compression:g} compression)"}
+    raw.update(name=f"{target.name}-on-host", measured=False,
+               description=f"{target.description}; host work (Ray calls, bus, reward) at this machine's measured "
+                           f"cost x{compression:g}: what an emulated run of it pays")
+    return HardwareProfile.model_validate(raw)
+
+
 def available() -> list[str]:
     return sorted(p.stem for p in HERE.glob("*.yaml"))
 
 
-def load_hardware(name_or_path: str | Path) -> HardwareProfile:
-    """A profile by name (`h800`, from relax/sim/hardware/) or by path to a YAML file."""
+def load_hardware(name_or_path: str | Path | HardwareProfile) -> HardwareProfile:
+    """A profile by name (`h800`, from relax/sim/hardware/) or by path to a YAML file (a profile: itself)."""
+    if isinstance(name_or_path, HardwareProfile):
+        return name_or_path
     p = Path(name_or_path)
     if p.suffix not in (".yaml", ".yml"):
         p = HERE / f"{name_or_path}.yaml"

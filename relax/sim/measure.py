@@ -179,9 +179,7 @@ def measure(cfg: ExperimentConfig, ray_costs: bool = False, reps: int = 5) -> di
     opt_s = _best(opt.step, reps)
     opt_bytes = opt_s * bw / shape.total_params
 
-    # --- rewards ------------------------------------------------------------------------------------------
-    texts = ["12", "7", "abc", "3 + 4 = 7"]
-    rew = _best(lambda: [task.score(task[i % 64], texts[i % 4]) for i in range(64)], reps) / 64
+    rew = _reward_per_sample(task, reps)
 
     prof = {
         "name": f"{platform.node() or 'this'}-cpu",
@@ -229,7 +227,29 @@ def measure(cfg: ExperimentConfig, ray_costs: bool = False, reps: int = 5) -> di
     return prof
 
 
-def _ray_costs(cfg: ExperimentConfig, prompt_tokens: float, reps: int = 9) -> dict:
+def _reward_per_sample(task, reps: int) -> float:
+    """Seconds of the task's own score function per sample, over a few answers right and wrong."""
+    texts = ["12", "7", "abc", "3 + 4 = 7"]
+    return _best(lambda: [task.score(task[i % 64], texts[i % 4]) for i in range(64)], reps) / 64
+
+
+def host_overheads(cfg: ExperimentConfig, reps: int = 5) -> dict:
+    """The CPU-side costs of a run of `cfg` on this machine, as `relax profile --ray` measures them, without the
+    model or the cores' background: a Ray round trip, the bus per call, row and byte, the task's reward per sample.
+    An emulated run pays these for real (relax.sim.hardware.on_host prices them so)."""
+    from relax.sim import prompt_tokens
+    from relax.tasks import make_task
+
+    out = {"reward_per_sample_s": _m(_reward_per_sample(make_task(cfg.task, cfg.seed, "train"), reps),
+                                     f"task.score ({cfg.task.name}) per sample"),
+           "advantages_per_row_s": _given(1e-6, "GRPO normalisation, negligible")}
+    out.update(_ray_costs(cfg, prompt_tokens(cfg), reps, cores=False))
+    return out
+
+
+def _ray_costs(cfg: ExperimentConfig, prompt_tokens: float, reps: int = 9, cores: bool = True) -> dict:
+    """Ray and bus costs; `cores`: also the CPU the bus burns in other processes and an idle session's busy
+    cores (what a CPU profile's roles share the machine with; ~10 s more)."""
     import numpy as np
     import ray
 
@@ -278,13 +298,20 @@ def _ray_costs(cfg: ExperimentConfig, prompt_tokens: float, reps: int = 9) -> di
                 return t, cpu, window
             small, large = G, max(16 * G, 128)
             runs = {n: [put_get(n) for _ in range(reps)] for n in (small, large)}
-            quiet = idle_cores()  # the same session at rest: what the put + fetch windows hold besides the bus
-            background = _background_cores(cfg)  # with the bus up, as in a run
+            if cores:
+                quiet = idle_cores()  # the same session at rest: what the put + fetch windows hold besides the bus
+                background = _background_cores(cfg)  # with the bus up, as in a run
         finally:
             bus.close()
     sizes = {n: min(w for w, _, _ in r) for n, r in runs.items()}  # the least disturbed
     row = max((sizes[large] - sizes[small]) / (large - small), 0.0)
     call = max(sizes[small] - row * small, 0.0)
+    out = {"rpc_s": _m(rpc, "Ray actor round trip, mean of 50"),
+           "bus_row_s": _m(row, f"relax.bus put_rows + fetch of {small} vs {large} rows (TransferQueue): the slope"),
+           "bus_call_s": _m(call, f"relax.bus put_rows + fetch of {small} vs {large} rows: the intercept"),
+           "bus_bytes_per_s": _m(big.nbytes / max(t_big - t_tiny, 1e-9), "Ray put + get of 64 MiB")}
+    if not cores:
+        return out
     # The CPU beyond the caller's wall: the machine's core-seconds in the window, less what the same session burns
     # at rest over it, less the wall (one core busy at a time is what the caller's own lane already holds).
     extra = {n: sum(c - quiet * win - w for w, c, win in r) / len(r) for n, r in runs.items()}
@@ -292,16 +319,12 @@ def _ray_costs(cfg: ExperimentConfig, prompt_tokens: float, reps: int = 9) -> di
     pcall = max(extra[small] - prow * small, 0.0)
     how = (f"relax.bus put_rows + fetch of {small} vs {large} rows: the machine's core-seconds (psutil, all "
            f"processes, mean of {reps}) less the same session's at rest ({quiet:.3f} cores) and the wall")
-    return {"rpc_s": _m(rpc, "Ray actor round trip, mean of 50"),
-            "bus_row_s": _m(row, f"relax.bus put_rows + fetch of {small} vs {large} rows (TransferQueue): the slope"),
-            "bus_call_s": _m(call, f"relax.bus put_rows + fetch of {small} vs {large} rows: the intercept"),
-            "bus_parallel_cpu_s": _m(pcall, f"{how}: the intercept"),
+    return {**out, "bus_parallel_cpu_s": _m(pcall, f"{how}: the intercept"),
             "bus_parallel_cpu_row_s": _m(prow, f"{how}: the slope"),
             "background_cores": _m(background, f"machine-wide busy cores (psutil) of an idle session, the least of "
                                    f"{BACKGROUND_WINDOWS} one-second windows: Ray, the bus, the DCS coordinator, the "
                                    "driver and one DCS member per role process heartbeating; the driver's "
-                                   "supervisor loop not included"),
-            "bus_bytes_per_s": _m(big.nbytes / max(t_big - t_tiny, 1e-9), "Ray put + get of 64 MiB")}
+                                   "supervisor loop not included")}
 
 
 SETTLE_S = 0.05  # after a bus put + fetch, how long its follow-up work may still run (its CPU window)

@@ -40,9 +40,10 @@ def test_drawer_writes_a_labelled_table_beside_the_published_numbers(tmp_path):
                              "run_dir": f"runs/{name}"},
                 "simulated": {"mean_step_time_s": si, "trainer_wait_share": 0.004, "critical_path_s": {"train": 8.0}}}
 
+    colocate = run("colocate", 260.0, 250.0, ["text_modes", "relax", "colocate", "step_time"])
+    colocate.update(simulated_on_host={"mean_step_time_s": 280.0}, emulated_over_simulated_on_host=260.0 / 280.0)
     res = {"hardware": "h800", "compression": 100, "steps": 4,
-           "runs": [run("colocate", 260.0, 250.0, ["text_modes", "relax", "colocate", "step_time"]),
-                    run("openrlhf", 700.0, 600.0, None)], "beyond": None}
+           "runs": [colocate, run("openrlhf", 700.0, 600.0, None)], "beyond": None}
     (tmp_path / "emulate").mkdir()
     (tmp_path / "emulate" / "emulate_results.json").write_text(json.dumps(res))
     files = draw_emulate(tmp_path, tmp_path / "figures", tmp_path / "tables")
@@ -50,4 +51,7 @@ def test_drawer_writes_a_labelled_table_beside_the_published_numbers(tmp_path):
     assert "EMULATED" in md and "225.9" in md  # the published colocate step time, read via analysis/published.py
     csv = next(f for f in files if f.suffix == ".csv").read_text().splitlines()
     assert csv[1].split(",")[4] == "True" and csv[2].split(",")[4] == "False"  # 4% inside 10%, 17% outside
+    # beside it, the host twin's prediction where the study measured it (an older results file has none)
+    assert csv[0].split(",")[5:8] == ["simulated_on_host_s", "emulated/simulated_on_host", "within_10%_on_host"]
+    assert csv[1].split(",")[5:8] == ["280.0", str(260.0 / 280.0), "True"] and csv[2].split(",")[5:8] == ["", "", ""]
     assert any(f.suffix == ".png" for f in files)

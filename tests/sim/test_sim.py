@@ -8,12 +8,13 @@ import copy
 import json
 import os
 import random
+from pathlib import Path
 
 import pytest
 import yaml
 
 from relax.bus.gate import Coordinator, can_start
-from relax.config import ConfigError, ExperimentConfig, validate
+from relax.config import ConfigError, ExperimentConfig, load_config, validate
 from relax.run_folder import RunFolder
 from relax.sim.cost import CostModel, SimOptions
 from relax.sim.hardware import HardwareProfile, load_hardware
@@ -24,6 +25,7 @@ from relax.sim.sim import SimGate, Simulation
 
 import simpy
 
+ROOT = Path(__file__).resolve().parents[2]
 
 # --- the gate -----------------------------------------------------------------------------------------------
 def _coordinator(s: int):
@@ -307,6 +309,45 @@ def test_every_shipped_profile_loads_and_sources_every_number():
         hw = load_hardware(name)
         assert hw.name == name and hw.device.peak_flops.value > 1e14
         assert "device.peak_flops" not in hw.assumptions()
+
+
+def test_the_host_twin_prices_host_work_as_an_emulated_run_pays_it():
+    """relax.sim.hardware.on_host: the target's GPUs with the host's work `compression` times heavier. A host whose
+    costs are exactly the target's own over the compression gives back the target's step; a slower host a longer
+    step, its sources saying where each number comes from."""
+    from relax.emulate import engine_config
+    from relax.sim import build
+    from relax.sim.hardware import HOST_RATES, HOST_WORK, on_host
+    from relax.sim.measure import host_overheads
+
+    h800, c = load_hardware("h800"), 100.0
+    o = h800.overheads  # (no bus_call_s: one RPC stands in for it, as in relax.sim.cost.CostModel.bus_time)
+    same = {n: {"value": (getattr(o, n) or o.rpc_s).value * (c if n in HOST_RATES else 1 / c), "source": "as h800"}
+            for n in HOST_WORK}
+    twin = on_host(h800, same, c)
+    assert twin.device == h800.device and twin.efficiency == h800.efficiency and twin.rollout == h800.rollout
+    assert twin.overheads.rpc_s.value == pytest.approx(h800.overheads.rpc_s.value)
+    assert "x100 compression" in twin.overheads.bus_row_s.source and twin.name == "h800-on-host"
+    cfg = load_config(ROOT / "experiments/colocate/h800x16.yaml", ["steps=2"])
+    step = {name: _step_times(build(cfg, hw, record=False).run()) for name, hw in (("h800", "h800"), ("twin", twin))}
+    assert step["twin"] == pytest.approx(step["h800"], rel=1e-9)
+    slower = on_host(h800, {n: {**v, "value": v["value"] * (0.5 if n in HOST_RATES else 2)} for n, v in same.items()},
+                     c)
+    assert sum(_step_times(build(cfg, slower, record=False).run())) > sum(step["h800"])
+    # host_overheads measures these on the stand-in config an emulated run of `cfg` runs (its task's reward)
+    import relax.sim.measure as measure
+
+    ray = {n: {"value": 1e-3, "source": "measured (stub)"} for n in ("rpc_s", "bus_row_s", "bus_call_s")}
+    ray["bus_bytes_per_s"] = {"value": 1e9, "source": "measured (stub)"}
+    orig, measure._ray_costs = measure._ray_costs, lambda *a, **k: dict(ray, cores=k.get("cores"))
+    try:
+        got = host_overheads(engine_config(load_config(ROOT / "experiments/async/h800x16.yaml",
+                                                       ["emulate.hardware=h800"])), reps=1)
+    finally:
+        measure._ray_costs = orig
+    assert got.pop("cores") is False  # the cores' background is a CPU profile's, not the host twin's
+    assert "basic_arithmetic" in got["reward_per_sample_s"]["source"] and set(got) == set(HOST_WORK)
+    on_host(h800, got, c)
 
 
 # --- shapes and lengths ---------------------------------------------------------------------------------------
