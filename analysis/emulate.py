@@ -74,7 +74,8 @@ def plot(table: list[dict], res: dict, path: Path) -> Path:
     names = [r["configuration"] for r in table]
     x = range(len(names))
     fig, ax = plt.subplots(figsize=(9, 4))
-    bars = [("emulated_s", f"emulated ({res['hardware']}, real engine)"), ("simulated_s", "simulated (same cost model)"),
+    bars = [("emulated_s", f"emulated ({res['hardware']}, real engine)"),
+            ("simulated_s", "simulated (same cost model)"),
             ("simulated_on_host_s", "simulated, this host's CPU work x compression"),
             ("published_s", "published (arXiv 2604.11554)")]
     bars = [b for b in bars if any(r[b[0]] for r in table)]
@@ -100,8 +101,8 @@ def _beyond_table(res: dict, tables_dir: Path) -> list[Path]:
               "speed-up vs gated (x)": b.get(f"speedup_vs_gated_{kind}"),
               "share of the slowest pool's bound": b[f"share_of_bound_{kind}"],
               "share of the bound with the latency floor": b[f"share_of_floor_{kind}"]}
-             for kind, label in (("emulated", f"EMULATED, {res['steps']} steps, mean past the first"),
-                                 ("simulated", f"SIMULATED, {res['steps']} steps, mean past the first"),
+             for kind, label in (("emulated", f"EMULATED, {b.get('steps', res['steps'])} steps, mean past the first"),
+                                 ("simulated", f"SIMULATED, {b.get('steps', res['steps'])} steps, mean past the first"),
                                  ("simulated_steady", f"SIMULATED, {b['simulated_steady']['steps']} steps, steady "
                                                       "state (past the first max_staleness + 1)"))]
     split = b.get("split") or {}

@@ -114,8 +114,10 @@ def host_twin(spec: dict, cfg: ExperimentConfig) -> tuple[dict, object]:
 
 def main(args: argparse.Namespace) -> int:
     spec = yaml.safe_load(Path(args.spec).read_text())
-    if args.steps:
+    if args.steps:  # every run's, the sections' own included
         spec["steps"] = args.steps
+        for section in ("beyond", "faults"):
+            (spec.get(section) or {}).pop("steps", None)
     if args.compression:
         spec["compression"] = args.compression
     out = Path(args.out) / "emulate"
@@ -178,7 +180,8 @@ def beyond(b: dict, configs: dict, spec: dict, out: Path, results: dict) -> dict
     from relax.sim.search import search_split, with_split
 
     r, base = configs[b["base"]]
-    cfg = load_config(ROOT / r["config"], [*r["overrides"], *b["overrides"], f"steps={spec['steps']}"])
+    steps = b.get("steps", spec["steps"])
+    cfg = load_config(ROOT / r["config"], [*r["overrides"], *b["overrides"], f"steps={steps}"])
     opts = {"stream": True, "inflight": cfg.rollout.chunk_groups}
     split = None
     if b.get("search_split"):
@@ -195,7 +198,7 @@ def beyond(b: dict, configs: dict, spec: dict, out: Path, results: dict) -> dict
     ran = {"replicas": cfg.rollout.replicas, "chunk_groups": cfg.rollout.chunk_groups,
            "max_inflight": cfg.rollout.max_inflight}  # after the split
     row = one("beyond", cfg, spec, out, opts, {"config": r["config"], "overrides": [*r["overrides"], *b["overrides"]],
-                                                "split": split, "rollout": ran, "base": b["base"]})
+                                                "split": split, "rollout": ran, "base": b["base"], "steps": steps})
     gated = next((x for x in results["runs"] if x["name"] == b["base"]), None)
     if gated is not None:
         row["speedup_vs_gated_emulated"] = round(gated["emulated"]["mean_step_time_s"] /
