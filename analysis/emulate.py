@@ -50,8 +50,8 @@ def rows(res: dict, root: Path) -> list[dict]:
                     "emulated/simulated": round(r["emulated_over_simulated"], 3),
                     "within_10%": abs(r["emulated_over_simulated"] - 1) <= 0.10,
                     # the twin with this host's work (relax.sim.hardware.on_host): what the emulated run should take
-                    "simulated_on_host_s": r["simulated_on_host"]["mean_step_time_s"] if on_host else None,
-                    "emulated/simulated_on_host": on_host,
+                    "simulated_on_host_s": round(r["simulated_on_host"]["mean_step_time_s"], 1) if on_host else None,
+                    "emulated/simulated_on_host": round(on_host, 3) if on_host else None,
                     "within_10%_on_host": None if on_host is None else abs(on_host - 1) <= 0.10,
                     "published_s": _published(r),
                     "trainer_wait_share_emulated": em["trainer_wait_share"],
@@ -65,7 +65,7 @@ def rows(res: dict, root: Path) -> list[dict]:
                         for n in em.get("busy_per_step_s", {}) if n in si.get("busy_per_step_s", {})),
                     "critical_path_emulated_s": ", ".join(f"{k} {v}" for k, v in cp.items()),
                     # the simulator's critical path is summed over its steps: per step here
-                    "critical_path_simulated_s": ", ".join(f"{k} {round(v / res['steps'], 1)}"
+                    "critical_path_simulated_s": ", ".join(f"{k} {round(v / r.get('steps', res['steps']), 1)}"
                                                            for k, v in si["critical_path_s"].items())})
     return out
 
@@ -130,9 +130,10 @@ def draw_emulate(results_root, figures_dir, tables_dir) -> list[Path]:
     if not table:
         return []
     Path(figures_dir).mkdir(parents=True, exist_ok=True)
+    beyond_steps = f"beyond-the-paper {res['beyond'].get('steps', res['steps'])}" if res.get("beyond") else "each"
     note = (f"{TAG}: the real engine (processes, bus, DCS, supervisor) with each unit of GPU work taking the relax/sim "
             f"cost model's time on '{res['hardware']}', compressed {res['compression']:g}x; times in emulated hardware "
-            f"seconds (real x compression); {res['steps']} steps per run, mean past the first. Tokens synthetic, "
+            f"seconds (real x compression); {res['steps']} steps per run ({beyond_steps}), mean past the first. Tokens synthetic, "
             "lengths from the sim's length model (same draw as the simulated column). CPU work (bus, Ray calls, "
             "reward) runs at this machine's real speed, so it weighs compression times more than on a cluster. "
             "Simulated: relax/sim on the same config (engine as built), on the target's hardware (a cluster's step). "
