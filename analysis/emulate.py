@@ -105,6 +105,18 @@ def _beyond_table(res: dict, tables_dir: Path) -> list[Path]:
                                  ("simulated", f"SIMULATED, {b.get('steps', res['steps'])} steps, mean past the first"),
                                  ("simulated_steady", f"SIMULATED, {b['simulated_steady']['steps']} steps, steady "
                                                       "state (past the first max_staleness + 1)"))]
+    ab = b.get("ablation")
+    if ab:  # the same run less one feature, e.g. streaming alone without partial rollout
+        less = ", ".join(f"rollout.{k}={v}" for k, v in ab["ablation"].items())
+        for kind in ("emulated", "simulated"):
+            step = ab[kind]["mean_step_time_s"]
+            table.append({"run": f"{kind.upper()}, {b.get('steps', res['steps'])} steps, with {less}",
+                          "step_s": round(step, 1),
+                          "speed-up vs gated (x)": round(b[f"speedup_vs_gated_{kind}"] / ab[f"gain_{kind}"], 3)
+                          if b.get(f"speedup_vs_gated_{kind}") else None,
+                          "share of the slowest pool's bound": round(b["simulated"]["bound"]["bound_step_s"] / step, 3),
+                          "share of the bound with the latency floor": round(b["simulated"]["bound"]["floor_step_s"]
+                                                                             / step, 3)})
     split = b.get("split") or {}
     ran = b.get("rollout") or {}
     note = (f"{TAG} / SIMULATED: {b['name']} ({', '.join(b['overrides'])}; split {split.get('rollout_gpus')} rollout : "
@@ -133,9 +145,10 @@ def draw_emulate(results_root, figures_dir, tables_dir) -> list[Path]:
     beyond_steps = f"beyond-the-paper {res['beyond'].get('steps', res['steps'])}" if res.get("beyond") else "each"
     note = (f"{TAG}: the real engine (processes, bus, DCS, supervisor) with each unit of GPU work taking the relax/sim "
             f"cost model's time on '{res['hardware']}', compressed {res['compression']:g}x; times in emulated hardware "
-            f"seconds (real x compression); {res['steps']} steps per run ({beyond_steps}), mean past the first. Tokens synthetic, "
-            "lengths from the sim's length model (same draw as the simulated column). CPU work (bus, Ray calls, "
-            "reward) runs at this machine's real speed, so it weighs compression times more than on a cluster. "
+            f"seconds (real x compression); {res['steps']} steps per run ({beyond_steps}), mean past the first. "
+            "Tokens synthetic, lengths from the sim's length model (same draw as the simulated column). CPU work (bus, "
+            "Ray calls, reward) runs at this machine's real speed, so it weighs compression times more than on a "
+            "cluster. "
             "Simulated: relax/sim on the same config (engine as built), on the target's hardware (a cluster's step). "
             "Simulated on host: the same, with the host work (Ray calls, bus, reward) at this machine's cost measured "
             "at the study's start (relax.sim.measure.host_overheads) times the compression, as the emulated run meets "

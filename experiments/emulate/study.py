@@ -24,7 +24,7 @@ from pathlib import Path
 import yaml
 
 from experiments.sim.study import groups_per_replica
-from relax.config import ExperimentConfig, load_config
+from relax.config import ExperimentConfig, load_config, validate
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = Path(__file__).resolve().parent / "variants.yaml"
@@ -219,4 +219,13 @@ def beyond(b: dict, configs: dict, spec: dict, out: Path, results: dict) -> dict
                                row["simulated_steady"]["bound"])):
         row[f"share_of_bound_{kind}"] = round(lim["bound_step_s"] / step_s, 3)
         row[f"share_of_floor_{kind}"] = round(lim["floor_step_s"] / step_s, 3)
+    if b.get("ablation"):  # the same run less one feature (partial rollout: what it adds over streaming alone)
+        raw = cfg.model_dump(mode="json")
+        raw["rollout"].update(b["ablation"])
+        ab = validate(raw)  # a wrong field in the spec fails here, named
+        less = one("beyond_ablation", ab, spec, out, opts, {"ablation": b["ablation"]})
+        row["ablation"] = {**less, "gain_emulated": round(less["emulated"]["mean_step_time_s"] /
+                                                          row["emulated"]["mean_step_time_s"], 3),
+                           "gain_simulated": round(less["simulated"]["mean_step_time_s"] /
+                                                   row["simulated"]["mean_step_time_s"], 3)}
     return row

@@ -265,15 +265,16 @@ def scaling(st: Study) -> list[dict]:
     return rows
 
 
-def _partial(st: Study, path: str, m: int, overrides: list[str] = ()) -> ExperimentConfig | None:
-    """The async config with partial rollout (in-flight requests load each new version and go on): request-level
-    streaming (rollout.max_inflight: each replica's share of a step in flight, refilled across claims and steps
-    as the engine does), as the engine requires for it; None where the config refuses it (e.g. R3's routing
-    capture is not streamed)."""
+def _partial(st: Study, path: str, m: int, overrides: list[str] = (), partial: bool = True) -> ExperimentConfig | None:
+    """The async config with request-level streaming (rollout.max_inflight: each replica's share of a step in flight,
+    refilled across claims and steps as the engine does) and, unless `partial` is False (the ablation: streaming
+    alone, whose engine drains before it loads a new version), partial rollout (in-flight requests load each new
+    version and go on); None where the config refuses it (e.g. R3's routing capture is not streamed)."""
     base = st.config(path)
     share = groups_per_replica(base) * base.rollout.group_size  # requests; weak scaling keeps it at every size
     try:
-        return scaled(st, path, m, [*overrides, "rollout.partial=true", f"rollout.max_inflight={share}"])
+        return scaled(st, path, m, [*overrides, f"rollout.partial={str(partial).lower()}",
+                                    f"rollout.max_inflight={share}"])
     except ConfigError:
         return None
 
@@ -288,8 +289,12 @@ def staleness(st: Study) -> list[dict]:
             t = steady_step_time(st.simulation(cfg, steps=sp["steps"]))
             pc = _partial(st, sp["config"], n // 16, [f"max_staleness={s}"])
             ps = pc and st.simulation(pc, steps=sp["steps"])
+            # the ablation veRL's fully-async study makes: streaming alone
+            sc = _partial(st, sp["config"], n // 16, [f"max_staleness={s}"], partial=False)
             rows.append({"gpus": n, "max_staleness": s, "step_time_s": round(t, 2),
                          "samples_per_s": round(cfg.rollout.prompts_per_step * cfg.rollout.group_size / t, 4),
+                         "streaming_step_s": round(steady_step_time(st.simulation(sc, steps=sp["steps"])), 2)
+                         if sc else None,
                          "streaming_partial_step_s": ps and round(steady_step_time(ps), 2),
                          **({f"streaming_partial_{k}": v for k, v in pool_limits(ps).items()
                              if k in ("bound_step_s", "latency_floor_s")} if ps else {})})

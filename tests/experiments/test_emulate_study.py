@@ -55,3 +55,24 @@ def test_drawer_writes_a_labelled_table_beside_the_published_numbers(tmp_path):
     assert csv[0].split(",")[5:8] == ["simulated_on_host_s", "emulated/simulated_on_host", "within_10%_on_host"]
     assert csv[1].split(",")[5:8] == ["280.0", "0.929", "True"] and csv[2].split(",")[5:8] == ["", "", ""]
     assert any(f.suffix == ".png" for f in files)
+
+
+def test_beyond_table_puts_the_ablation_beside_the_run(tmp_path):
+    """Beyond-the-paper's table: the run against the slowest pool's bound, and beside it the same run less one
+    feature (streaming alone, rollout.partial=false), with the speed-up over the gated configuration it keeps."""
+    from analysis.emulate import _beyond_table
+
+    bound = {"bound_step_s": 100.0, "floor_step_s": 110.0, "slowest_pool": "rollout", "longest_response_alone_s": 150.0,
+             "latency_floor_s": 110.0, "limits_s": {"actor": 50.0}}
+    b = {"name": "beyond", "overrides": ["rollout.partial=true"], "base": "async_off_policy", "steps": 12,
+         "split": {"rollout_gpus": 8, "actor_gpus": 4}, "rollout": {"replicas": 8},
+         "emulated": {"mean_step_time_s": 200.0}, "simulated": {"mean_step_time_s": 180.0, "bound": bound},
+         "simulated_steady": {"steps": 30, "mean_step_time_s": 190.0, "bound": bound},
+         "speedup_vs_gated_emulated": 3.0, "speedup_vs_gated_simulated": 3.5,
+         **{f"share_of_{x}_{k}": 0.5 for x in ("bound", "floor") for k in ("emulated", "simulated", "simulated_steady")},
+         "ablation": {"ablation": {"partial": False}, "emulated": {"mean_step_time_s": 250.0},
+                      "simulated": {"mean_step_time_s": 225.0}, "gain_emulated": 1.25, "gain_simulated": 1.25}}
+    files = _beyond_table({"steps": 4, "beyond": b}, tmp_path)
+    md = next(f for f in files if f.suffix == ".md").read_text()
+    assert "| EMULATED, 12 steps, with rollout.partial=False | 250.0 | 2.4 | 0.4 | 0.44 |" in md
+    assert "| SIMULATED, 12 steps, with rollout.partial=False | 225.0 | 2.8 | 0.444 | 0.489 |" in md

@@ -69,3 +69,20 @@ def test_scaling_puts_partial_rollout_beside_streaming(tmp_path):
     assert dense["async_partial_step_s"] > 0
     assert dense["partial_speedup"] == round(dense["async_step_s"] / dense["async_partial_step_s"], 3)
     assert moe["async_partial_step_s"] is None and moe["partial_speedup"] is None
+
+
+def test_staleness_sweep_puts_streaming_alone_beside_partial_rollout(tmp_path):
+    """The staleness sweep's ablation: chunked claims, streaming that refills (its engine drains before it loads a
+    new version) and streaming + partial rollout at each s, a line per engine in the figure. At s = 0 a partition
+    starts only once the last is trained: no version ever arrives mid-request, so the two streaming columns agree."""
+    spec = {**SPEC, "staleness": {"config": "experiments/async/h800x16.yaml", "s": [0, 1], "gpus": [16], "steps": 6}}
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    assert study.main(argparse.Namespace(spec=str(path), out=str(tmp_path), only=["staleness"])) == 0
+    rows = {r["max_staleness"]: r for r in json.loads((tmp_path / "sim" / "sim_results.json").read_text())["staleness"]}
+    assert rows[0]["streaming_step_s"] == rows[0]["streaming_partial_step_s"] > 0
+    assert rows[1]["streaming_step_s"] > 0 and rows[1]["streaming_partial_step_s"] > 0
+    from analysis.sim import _staleness_series
+
+    engines = {r["engine"] for r in _staleness_series(list(rows.values()))}
+    assert engines == {"16 GPUs, chunked", "16 GPUs, streaming", "16 GPUs, streaming+partial"}
