@@ -62,8 +62,8 @@ def test_beyond_table_puts_the_ablation_beside_the_run(tmp_path):
     feature (streaming alone, rollout.partial=false), with the speed-up over the gated configuration it keeps."""
     from analysis.emulate import _beyond_table
 
-    bound = {"bound_step_s": 100.0, "floor_step_s": 110.0, "slowest_pool": "rollout", "longest_response_alone_s": 150.0,
-             "latency_floor_s": 110.0, "limits_s": {"actor": 50.0}}
+    bound = {"bound_step_s": 100.0, "floor_step_s": 110.0, "slowest_pool": "rollout",
+             "longest_response_alone_s": 150.0, "latency_floor_s": 110.0, "limits_s": {"actor": 50.0}}
     b = {"name": "beyond", "overrides": ["rollout.partial=true"], "base": "async_off_policy", "steps": 12,
          "split": {"rollout_gpus": 8, "actor_gpus": 4}, "rollout": {"replicas": 8},
          "emulated": {"mean_step_time_s": 200.0}, "simulated": {"mean_step_time_s": 180.0, "bound": bound},
