@@ -69,7 +69,8 @@ def test_beyond_table_puts_the_ablation_beside_the_run(tmp_path):
          "emulated": {"mean_step_time_s": 200.0}, "simulated": {"mean_step_time_s": 180.0, "bound": bound},
          "simulated_steady": {"steps": 30, "mean_step_time_s": 190.0, "bound": bound},
          "speedup_vs_gated_emulated": 3.0, "speedup_vs_gated_simulated": 3.5,
-         **{f"share_of_{x}_{k}": 0.5 for x in ("bound", "floor") for k in ("emulated", "simulated", "simulated_steady")},
+         **{f"share_of_{x}_{k}": 0.5 for x in ("bound", "floor")
+            for k in ("emulated", "simulated", "simulated_steady")},
          "ablation": {"ablation": {"partial": False}, "emulated": {"mean_step_time_s": 250.0},
                       "simulated": {"mean_step_time_s": 225.0}, "gain_emulated": 1.25, "gain_simulated": 1.25}}
     files = _beyond_table({"steps": 4, "beyond": b}, tmp_path)
