@@ -5,9 +5,11 @@
 For each run of the spec (colocate, async on-policy, async off-policy, the veRL and OpenRLHF schedules): one
 `relax run CONFIG --emulate HARDWARE` (relax/emulate/: processes, bus, DCS, supervisor as they are; each unit
 of GPU work takes the cost model's time over the compression) and the simulator's prediction for the same config
-(relax/sim, the same cost model and response-length draw, the engine as built). Beyond the paper: request-level
-streaming + partial rollout + the rollout:actor split the simulator finds best for that engine, against the
-paper's gated configuration, with the slowest pool's bound (relax/sim/bound.py).
+(relax/sim, the same cost model and response-length draw, the engine as built) twice: on the target hardware (a
+cluster) and on its host twin (the target with this machine's host work, measured first, at the compression: what
+the emulated run should take here). Beyond the paper: request-level streaming + partial rollout + the rollout:actor
+split the simulator finds best for that engine, against the paper's gated configuration, with the slowest pool's
+bound (relax/sim/bound.py), and beside it the spec's ablation (streaming alone).
 
 Writes `<out>/emulate/emulate_results.json` (and the run folders under `<out>/emulate/runs/`); analysis/emulate.py
 draws the table and figure beside the published numbers. Every number is EMULATED or SIMULATED, and says so.
