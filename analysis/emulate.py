@@ -100,7 +100,8 @@ def _beyond_table(res: dict, tables_dir: Path) -> list[Path]:
     table = [{"run": label, "step_s": round(b[kind]["mean_step_time_s"], 1),
               "speed-up vs gated (x)": b.get(f"speedup_vs_gated_{kind}"),
               "share of the slowest pool's bound": b[f"share_of_bound_{kind}"],
-              "share of the bound with the latency floor": b[f"share_of_floor_{kind}"]}
+              "share of the bound with the latency floor": b[f"share_of_floor_{kind}"],
+              "share of the batch-latency trade-off": b.get(f"share_of_tradeoff_{kind}")}
              for kind, label in (("emulated", f"EMULATED, {b.get('steps', res['steps'])} steps, mean past the first"),
                                  ("simulated", f"SIMULATED, {b.get('steps', res['steps'])} steps, mean past the first"),
                                  ("simulated_steady", f"SIMULATED, {b['simulated_steady']['steps']} steps, steady "
@@ -116,7 +117,10 @@ def _beyond_table(res: dict, tables_dir: Path) -> list[Path]:
                           if b.get(f"speedup_vs_gated_{kind}") else None,
                           "share of the slowest pool's bound": round(b["simulated"]["bound"]["bound_step_s"] / step, 3),
                           "share of the bound with the latency floor": round(b["simulated"]["bound"]["floor_step_s"]
-                                                                             / step, 3)})
+                                                                             / step, 3),
+                          "share of the batch-latency trade-off": round(b["simulated"]["bound"]["tradeoff_step_s"]
+                                                                        / step, 3)
+                          if "tradeoff_step_s" in b["simulated"]["bound"] else None})
     split = b.get("split") or {}
     ran = b.get("rollout") or {}
     note = (f"{TAG} / SIMULATED: {b['name']} ({', '.join(b['overrides'])}; split {split.get('rollout_gpus')} rollout : "
@@ -126,8 +130,10 @@ def _beyond_table(res: dict, tables_dir: Path) -> list[Path]:
             f"({lim['slowest_pool']}, {lim['bound_step_s']} s a step). Latency floor: (longest response decoded alone "
             f"{lim['longest_response_alone_s']} s + the Actor's {lim['limits_s']['actor']} s) / (max_staleness + 1) = "
             f"{lim['latency_floor_s']} s; the bound with it {lim['floor_step_s']} s (relax/sim/bound.py, the steady "
-            "run's limits). A few steps' mean past the first favours a rollout that runs ahead (the gate admits "
-            "partitions 0..s at once): the steady row is the one to read against the bound.")
+            "run's limits). Batch-latency trade-off (an estimate, not a bound): the best step when every engine runs "
+            f"one batch size, the tail decoding in it ({lim.get('tradeoff_step_s')} s at a batch of "
+            f"{lim.get('tradeoff_batch')}). A few steps' mean past the first favours a rollout that runs ahead (the "
+            "gate admits partitions 0..s at once): the steady row is the one to read against the bound.")
     return write_table(table, tables_dir, "emulate_beyond", f"{TAG}: beyond the paper against the bound", note,
                        columns=list(table[0]))
 

@@ -221,6 +221,7 @@ def beyond(b: dict, configs: dict, spec: dict, out: Path, results: dict) -> dict
                                row["simulated_steady"]["bound"])):
         row[f"share_of_bound_{kind}"] = round(lim["bound_step_s"] / step_s, 3)
         row[f"share_of_floor_{kind}"] = round(lim["floor_step_s"] / step_s, 3)
+        row[f"share_of_tradeoff_{kind}"] = round(lim["tradeoff_step_s"] / step_s, 3)
     if b.get("ablation"):  # the same run less one feature (partial rollout: what it adds over streaming alone)
         raw = cfg.model_dump(mode="json")
         raw["rollout"].update(b["ablation"])

@@ -297,7 +297,7 @@ def staleness(st: Study) -> list[dict]:
                          if sc else None,
                          "streaming_partial_step_s": ps and round(steady_step_time(ps), 2),
                          **({f"streaming_partial_{k}": v for k, v in pool_limits(ps).items()
-                             if k in ("bound_step_s", "latency_floor_s")} if ps else {})})
+                             if k in ("bound_step_s", "latency_floor_s", "tradeoff_step_s")} if ps else {})})
     return rows
 
 

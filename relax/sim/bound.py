@@ -12,6 +12,12 @@ The latency floor (async): partition k + s + 1 may start only once partition k i
 and k cannot be trained before its longest response is decoded (at best alone on an engine: L) and the Actor
 has trained it (T). So s + 1 steps take at least L + T: a step at least (L + T) / (s + 1), however many GPUs
 each pool has. `floor_step_s` is the larger of the two limits.
+
+The two pull apart (`tradeoff_step_s`, an estimate, not a bound): in continuous batching the longest response
+decodes at the step time of its engine's whole batch, so the batch that reaches the rollout's best rate makes the
+tail slowest. With every engine at one batch size B, a step takes at least the larger of the rollout's work at B's
+rate and (L(B) + T) / (s + 1); `tradeoff_step_s` is the least of that over B (`tradeoff_batch`). A schedule that
+varies the batch over time, or gives the tail an engine of its own, may beat it.
 """
 
 from __future__ import annotations
@@ -30,9 +36,11 @@ def _step(sim: Simulation, step: int) -> dict:
     ctx = p + sum(x * x for x in resp) / (2 * sum(resp))  # a decoded token's mean context
     cap = c.kv_capacity_tokens() if c.hw.kind == "gpu" else float("inf")
     batch = int(max(1, min(c.hw.rollout.max_running_requests.at(c.b), cap // (p + n_mean))))
-    a, bm, cc, dm = c.decode_arms(batch)
-    step_s = max(a + bm * batch * ctx, cc + dm * batch * ctx) + c.step_overhead
-    rate = batch / step_s * c.replicas  # tokens/s of the pool
+
+    def token_step(b: int) -> float:  # one decode step of b requests at the mean context
+        a, bm, cc, dm = c.decode_arms(b)
+        return max(a + bm * b * ctx, cc + dm * b * ctx) + c.step_overhead
+    rate = batch / token_step(batch) * c.replicas  # tokens/s of the pool
     prefill = c.prefill_time([p] * len(resp)) / c.replicas
     tok, sq = sim.tokens(step, range(sim.P))
     m = sim.expected_micro_batches(step)
@@ -42,7 +50,11 @@ def _step(sim: Simulation, step: int) -> dict:
         limits["reference"] = c.forward_time(tok, sq, "reference")
     if sim.has_fwd:
         limits["actor_fwd"] = c.forward_time(tok, sq, "actor_fwd")
-    return {"limits": limits, "rate": rate, "batch": batch, "longest": max(resp)}
+    # every engine at batch b: the rollout's work at b's rate, against the longest response's latency at b
+    s1 = sim.cfg.max_staleness + 1
+    tradeoff = min((max(sum(resp) / (b / token_step(b) * c.replicas) + prefill,
+                        (max(resp) * token_step(b) + limits["actor"]) / s1), b) for b in range(1, batch + 1))
+    return {"limits": limits, "rate": rate, "batch": batch, "longest": max(resp), "tradeoff": tradeoff}
 
 
 def pool_limits(sim: Simulation, steps=None) -> dict:
@@ -63,7 +75,9 @@ def pool_limits(sim: Simulation, steps=None) -> dict:
         # each step's longest response, alone on an engine (the fastest it can be decoded)
         alone = fmean(c.generate([(sim.prompt, x["longest"])], 1)[0] for x in per)
         floor = {"longest_response_alone_s": round(alone, 3),
-                 "latency_floor_s": round((alone + limits["actor"]) / (cfg.max_staleness + 1), 3)}
+                 "latency_floor_s": round((alone + limits["actor"]) / (cfg.max_staleness + 1), 3),
+                 "tradeoff_step_s": round(max(fmean(x["tradeoff"][0] for x in per), bound), 3),
+                 "tradeoff_batch": round(fmean(x["tradeoff"][1] for x in per), 1)}
     samples = sim.P * sim.G
     c.acc.update(saved)
     out = {"limits_s": {k: round(v, 3) for k, v in limits.items()}, "bound_step_s": round(bound, 3),

@@ -163,6 +163,22 @@ def test_no_async_step_beats_the_staleness_latency_floor(s):
         lim = pool_limits(sim, range(skip, sim.steps))
         assert steady_step_time(sim) >= lim["latency_floor_s"] * 0.98
         assert lim["floor_step_s"] == max(lim["bound_step_s"], lim["latency_floor_s"])
+        # the tail shares its engine's batch: at one batch size for all, the best step is above both limits
+        assert lim["tradeoff_step_s"] >= lim["floor_step_s"] and 1 <= lim["tradeoff_batch"] <= lim["rollout_best_batch"]
+
+
+def test_the_tradeoff_picks_a_smaller_batch_only_while_latency_binds():
+    """relax/sim/bound.py's tradeoff: at s = 1 the 20,480-token tail binds, so the best uniform batch is below the
+    rollout's best and the step above its bound; more staleness spreads the tail's latency over more steps, so the
+    best batch grows and the step falls towards the bound."""
+    out = {}
+    for s in (1, 2, 8):
+        cfg = load_config(ASYNC16, [f"max_staleness={s}", "rollout.max_inflight=64", "rollout.partial=true"])
+        out[s] = pool_limits(_h800_sim(cfg, steps=4, mean=3000.0, inflight_groups=8))
+    assert out[1]["tradeoff_batch"] < out[1]["rollout_best_batch"]
+    assert out[1]["tradeoff_step_s"] > out[1]["bound_step_s"]
+    assert out[1]["tradeoff_step_s"] > out[2]["tradeoff_step_s"] > out[8]["tradeoff_step_s"] >= out[8]["bound_step_s"]
+    assert out[1]["tradeoff_batch"] < out[2]["tradeoff_batch"] < out[8]["tradeoff_batch"]
 
 
 def test_steady_step_time_skips_the_partitions_the_gate_admits_at_once():
