@@ -52,7 +52,7 @@ class GroupQueue:
             if j <= upto and self.returned[j]:
                 groups, maybe_put = self.returned[j].pop(0)
                 return self._new_claim(replica, j, groups, maybe_put)
-        for j in range(upto + 1):
+        for j in range(min(upto, self.steps - 1) + 1):  # never a partition past the run's last
             if self.next_group[j] < self.P:
                 lo = self.next_group[j]
                 self.next_group[j] = min(self.P, lo + min(self.chunk, most or self.chunk))

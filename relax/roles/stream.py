@@ -39,8 +39,12 @@ class ClaimFeed:
         self.cpu0 = time.process_time()
 
     def begin(self) -> None:
-        """A new engine stream: its requests are numbered from 0 again."""
+        """A new engine stream: its requests are numbered from 0 again, and why the last one ran dry (next / wait,
+        which the replica's loop has acted on) is spent: the new stream claims at once. (A `next` left standing
+        made a replica whose gate opened within QUIET_S end its new stream at once and skip a partition.)"""
         self.requests = []
+        self.next = self.wait = False
+        self.quiet_until = 0.0
 
     def feed(self, free: int) -> list[tuple[list[int], int]]:
         out = []

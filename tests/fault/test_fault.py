@@ -88,6 +88,19 @@ def test_group_queue_reissues_a_dead_replicas_claims_and_drains():
     assert run(q.stats())["generated_groups"] == {1: 6, 2: 2}
 
 
+def test_group_queue_never_hands_out_a_partition_past_the_run():
+    """A replica whose loop asks past the last partition (upto >= steps) gets no work of a partition the run never
+    trains: 'wait' while others hold the last open work, then 'stop'."""
+    q = GroupQueue.__ray_actor_class__(steps=2, prompts_per_step=2, chunk_groups=2)
+    run = asyncio.run
+    a, b = run(q.claim(0, upto=1)), run(q.claim(0, upto=1))
+    assert (a["step"], b["step"]) == (0, 1)
+    assert run(q.claim(1, upto=2)) == {"wait": True} and run(q.claim(1, upto=5)) == {"wait": True}
+    run(q.finish(a["cid"], 2))
+    run(q.finish(b["cid"], 2))
+    assert run(q.claim(1, upto=2)) == {"stop": True}
+
+
 def test_fault_config_is_checked():
     base = ROOT / "experiments/async/cpu.yaml"
     with pytest.raises(ConfigError, match="faults.0.at_step"):

@@ -55,6 +55,37 @@ def test_streaming_replicas_with_partial_rollout_share_partitions_exactly_once(t
         assert r["staleness_max"] <= 1 and 0.0 <= r["partial_rows_share"] <= 1.0 and r["partial_span_max"] >= 0
 
 
+def test_a_new_stream_claims_at_once_whatever_ended_the_last(monkeypatch):
+    """ClaimFeed (relax/roles/stream.py): a stream that ran dry because partition k + 1 was not yet open says `next`;
+    the replica's loop enters k + 1 and begins a new stream, which must claim at once. Were `next` left standing
+    (and the feed quiet for QUIET_S), a gate that opened at once would end the new stream empty and send the loop
+    on to k + 2, skipping k + 1."""
+    import types
+
+    import relax.roles.stream as stream
+
+    asked, answers = [], iter([{"next": True}, {"cid": 0, "step": 1, "groups": [0], "maybe_put": False}])
+
+    def claim(replica, upto, most):
+        asked.append(upto)
+        return next(answers)
+
+    monkeypatch.setattr(stream, "ray", types.SimpleNamespace(get=lambda x: x))
+    monkeypatch.setattr(stream, "can_start", lambda k, oldest, s: False)  # partition 1 not open yet
+    cfg = load_config(ROOT / "experiments/async/cpu.yaml", SMALL)
+    role = types.SimpleNamespace(
+        cfg=cfg, replica=0, version=0, emu=None, queue=types.SimpleNamespace(claim=types.SimpleNamespace(remote=claim)),
+        weights=types.SimpleNamespace(staged_version=lambda: 0), bus=types.SimpleNamespace(oldest_unconsumed=lambda: 0),
+        tokenizer=types.SimpleNamespace(encode=lambda text: [1, 2]), data=[types.SimpleNamespace(prompt="1+1=")] * 64,
+        prompt_index=lambda k, g, attempt: 0, groups_to_generate=lambda c: c["groups"], claim_put=lambda c: None)
+    feed = stream.ClaimFeed(role, 0)
+    feed.begin()
+    assert feed.feed(4) == [] and feed.next and asked == [0]
+    feed.k += 1  # what RolloutRole._run_streaming does on `next`: enter partition 1 (its gate), then a new stream
+    feed.begin()
+    assert not feed.next and len(feed.feed(4)) == 4 and asked == [0, 1]  # claimed partition 1 at once
+
+
 def test_partial_rollout_needs_streaming_and_async():
     with pytest.raises(ConfigError, match="rollout.partial"):
         load_config(ROOT / "experiments/async/cpu.yaml", ["rollout.partial=true"])
