@@ -148,15 +148,16 @@ def plot_lines(rows: list[dict], key: str, x: str, y: str, title: str, xlabel: s
 
 def _staleness_series(rows: list[dict]) -> list[dict]:
     """One line per GPU count and engine: chunked claims (the paper's), streaming that refills, and streaming +
-    partial rollout."""
+    partial rollout; samples/s per GPU, so 16 and 256 GPUs share one scale."""
     out = []
     for r in rows:
+        per_gpu = r["samples_per_s"] / r["gpus"]
         out.append({"engine": f"{r['gpus']} GPUs, chunked", "max_staleness": r["max_staleness"],
-                    "samples_per_s": r["samples_per_s"]})
+                    "samples_per_s_per_gpu": round(per_gpu, 5)})
         for key, label in (("streaming_step_s", "streaming"), ("streaming_partial_step_s", "streaming+partial")):
             if r.get(key):
                 out.append({"engine": f"{r['gpus']} GPUs, {label}", "max_staleness": r["max_staleness"],
-                            "samples_per_s": round(r["samples_per_s"] * r["step_time_s"] / r[key], 4)})
+                            "samples_per_s_per_gpu": round(per_gpu * r["step_time_s"] / r[key], 5)})
     return out
 
 
@@ -187,8 +188,8 @@ def draw_sim(results_root, figures_dir, tables_dir) -> list[Path]:
         out.append(plot_scaling(res, figs / "sim_scaling.png"))
     if "staleness" in res:
         out += _table(res["staleness"], tables, "sim_staleness", "the staleness sweep", note)
-        out.append(plot_lines(_staleness_series(res["staleness"]), "engine", "max_staleness", "samples_per_s",
-                              "throughput by max_staleness (Qwen3-4B async)", "max_staleness s", "samples/s",
+        out.append(plot_lines(_staleness_series(res["staleness"]), "engine", "max_staleness", "samples_per_s_per_gpu",
+                              "throughput by max_staleness (Qwen3-4B async)", "max_staleness s", "samples/s per GPU",
                               figs / "sim_staleness.png"))
     if "split" in res:
         out += _table(res["split"], tables, "sim_split", "rollout:actor split search (reference and actor_fwd fixed;"
