@@ -97,30 +97,20 @@ def _beyond_table(res: dict, tables_dir: Path) -> list[Path]:
     if not b or "share_of_floor_emulated" not in b:
         return []
     lim = b["simulated_steady"]["bound"]
-    table = [{"run": label, "step_s": round(b[kind]["mean_step_time_s"], 1),
-              "speed-up vs gated (x)": b.get(f"speedup_vs_gated_{kind}"),
-              "share of the slowest pool's bound": b[f"share_of_bound_{kind}"],
-              "share of the bound with the latency floor": b[f"share_of_floor_{kind}"],
-              "share of the batch-latency trade-off": b.get(f"share_of_tradeoff_{kind}")}
-             for kind, label in (("emulated", f"EMULATED, {b.get('steps', res['steps'])} steps, mean past the first"),
-                                 ("simulated", f"SIMULATED, {b.get('steps', res['steps'])} steps, mean past the first"),
-                                 ("simulated_steady", f"SIMULATED, {b['simulated_steady']['steps']} steps, steady "
-                                                      "state (past the first max_staleness + 1)"))]
+    steps = b.get("steps", res["steps"])
+    runs = [(b, "emulated", f"EMULATED, {steps} steps, mean past the first"),
+            (b, "simulated", f"SIMULATED, {steps} steps, mean past the first"),
+            (b, "simulated_steady", f"SIMULATED, {b['simulated_steady']['steps']} steps, steady state (past the "
+                                    "first max_staleness + 1)")]
     ab = b.get("ablation")
     if ab:  # the same run less one feature, e.g. streaming alone without partial rollout
         less = ", ".join(f"rollout.{k}={v}" for k, v in ab["ablation"].items())
-        for kind in ("emulated", "simulated"):
-            step = ab[kind]["mean_step_time_s"]
-            table.append({"run": f"{kind.upper()}, {b.get('steps', res['steps'])} steps, with {less}",
-                          "step_s": round(step, 1),
-                          "speed-up vs gated (x)": round(b[f"speedup_vs_gated_{kind}"] / ab[f"gain_{kind}"], 3)
-                          if b.get(f"speedup_vs_gated_{kind}") else None,
-                          "share of the slowest pool's bound": round(b["simulated"]["bound"]["bound_step_s"] / step, 3),
-                          "share of the bound with the latency floor": round(b["simulated"]["bound"]["floor_step_s"]
-                                                                             / step, 3),
-                          "share of the batch-latency trade-off": round(b["simulated"]["bound"]["tradeoff_step_s"]
-                                                                        / step, 3)
-                          if "tradeoff_step_s" in b["simulated"]["bound"] else None})
+        runs += [(ab, kind, f"{kind.upper()}, {steps} steps, with {less}") for kind in ("emulated", "simulated")]
+    table = [{"run": label, "step_s": round(r[kind]["mean_step_time_s"], 1),
+              "speed-up vs gated (x)": r.get(f"speedup_vs_gated_{kind}"),
+              "share of the slowest pool's bound": r[f"share_of_bound_{kind}"],
+              "share of the bound with the latency floor": r[f"share_of_floor_{kind}"],
+              "share of the batch-latency trade-off": r.get(f"share_of_tradeoff_{kind}")} for r, kind, label in runs]
     split = b.get("split") or {}
     ran = b.get("rollout") or {}
     note = (f"{TAG} / SIMULATED: {b['name']} ({', '.join(b['overrides'])}; split {split.get('rollout_gpus')} rollout : "

@@ -250,7 +250,7 @@ def scaling(st: Study) -> list[dict]:
             m = n // 16
             a = st.describe(scaled(st, files["async"], m), steps=sc["steps"])
             c = st.describe(scaled(st, files["colocate"], m, files.get("colocate_overrides", [])), steps=sc["steps"])
-            pc = _partial(st, files["async"], m)
+            pc = _streaming(st, files["async"], m)
             p = pc and st.describe(pc, steps=sc["steps"])
             rows.append({"model": model, "gpus": n, "async_step_s": a["step_time_s"],
                          "async_partial_step_s": p and p["step_time_s"],
@@ -265,7 +265,8 @@ def scaling(st: Study) -> list[dict]:
     return rows
 
 
-def _partial(st: Study, path: str, m: int, overrides: list[str] = (), partial: bool = True) -> ExperimentConfig | None:
+def _streaming(st: Study, path: str, m: int, overrides: list[str] = (),
+               partial: bool = True) -> ExperimentConfig | None:
     """The async config with request-level streaming (rollout.max_inflight: each replica's share of a step in flight,
     refilled across claims and steps as the engine does) and, unless `partial` is False (the ablation: streaming
     alone, whose engine drains before it loads a new version), partial rollout (in-flight requests load each new
@@ -287,10 +288,10 @@ def staleness(st: Study) -> list[dict]:
         for s in sp["s"]:
             cfg = scaled(st, sp["config"], n // 16, [f"max_staleness={s}"])
             t = steady_step_time(st.simulation(cfg, steps=sp["steps"]))
-            pc = _partial(st, sp["config"], n // 16, [f"max_staleness={s}"])
+            pc = _streaming(st, sp["config"], n // 16, [f"max_staleness={s}"])
             ps = pc and st.simulation(pc, steps=sp["steps"])
             # the ablation veRL's fully-async study makes: streaming alone
-            sc = _partial(st, sp["config"], n // 16, [f"max_staleness={s}"], partial=False)
+            sc = _streaming(st, sp["config"], n // 16, [f"max_staleness={s}"], partial=False)
             rows.append({"gpus": n, "max_staleness": s, "step_time_s": round(t, 2),
                          "samples_per_s": round(cfg.rollout.prompts_per_step * cfg.rollout.group_size / t, 4),
                          "streaming_step_s": round(steady_step_time(st.simulation(sc, steps=sp["steps"])), 2)

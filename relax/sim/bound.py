@@ -50,11 +50,13 @@ def _step(sim: Simulation, step: int) -> dict:
         limits["reference"] = c.forward_time(tok, sq, "reference")
     if sim.has_fwd:
         limits["actor_fwd"] = c.forward_time(tok, sq, "actor_fwd")
-    # every engine at batch b: the rollout's work at b's rate, against the longest response's latency at b
-    s1 = sim.cfg.max_staleness + 1
-    tradeoff = min((max(sum(resp) / (b / token_step(b) * c.replicas) + prefill,
-                        (max(resp) * token_step(b) + limits["actor"]) / s1), b) for b in range(1, batch + 1))
-    return {"limits": limits, "rate": rate, "batch": batch, "longest": max(resp), "tradeoff": tradeoff}
+    total, longest, s1 = sum(resp), max(resp), sim.cfg.max_staleness + 1
+
+    def at_batch(b: int) -> tuple[float, int]:  # every engine at b: the rollout's work against the tail's latency
+        t = token_step(b)
+        return max(total / (b / t * c.replicas) + prefill, (longest * t + limits["actor"]) / s1), b
+    tradeoff = min(at_batch(b) for b in range(1, batch + 1))
+    return {"limits": limits, "rate": rate, "batch": batch, "longest": longest, "tradeoff": tradeoff}
 
 
 def pool_limits(sim: Simulation, steps=None) -> dict:

@@ -65,6 +65,9 @@ def _given(value: float, why: str) -> dict:
     return {"value": float(value), "source": f"assumed (not measured: {why})"}
 
 
+ADVANTAGES_PER_ROW = _given(1e-6, "GRPO normalisation, negligible")  # not timed: a few float ops a row
+
+
 def _dcs_bandwidth(cfg: ExperimentConfig, reps: int) -> float:
     """Bytes/s of a DCS weight transfer on this machine: a holder's and a receiver's PairGroups (two threads, a
     TCPStore on 127.0.0.1) moving DCS_MB in dcs.bucket_mb buckets over their reused gloo pair group."""
@@ -217,7 +220,7 @@ def measure(cfg: ExperimentConfig, ray_costs: bool = False, reps: int = 5) -> di
             "sleep_wake_fixed_s": _m(sw_fixed, "TorchEngine sleep + wake less the weight bytes at memory bandwidth"),
             "optimizer_bytes_per_param": _m(opt_bytes, "AdamW step time x memory bandwidth / parameters"),
             "reward_per_sample_s": _m(rew, f"task.score ({cfg.task.name}) per sample"),
-            "advantages_per_row_s": _given(1e-6, "GRPO normalisation, negligible"),
+            "advantages_per_row_s": ADVANTAGES_PER_ROW,
             "train_micro_batch_s": _m(mb_fixed, "intercept of forward+backward time over micro-batch size"),
             "forward_call_s": _m(f_fixed, "intercept of log-prob forward time over batch size")},
         "prompt_tokens_mean": prompt_tokens,
@@ -242,7 +245,7 @@ def host_overheads(cfg: ExperimentConfig, reps: int = 5) -> dict:
 
     out = {"reward_per_sample_s": _m(_reward_per_sample(make_task(cfg.task, cfg.seed, "train"), reps),
                                      f"task.score ({cfg.task.name}) per sample"),
-           "advantages_per_row_s": _given(1e-6, "GRPO normalisation, negligible")}
+           "advantages_per_row_s": ADVANTAGES_PER_ROW}
     out.update(_ray_costs(cfg, prompt_tokens(cfg), reps, cores=False))
     return out
 
