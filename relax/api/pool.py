@@ -12,6 +12,7 @@ remove a replica); `RayRolloutPool` implements it over RolloutRole actors, tests
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import threading
 from collections import defaultdict
@@ -34,6 +35,7 @@ class GroupQueue:
         self.draining: set[int] = set()
         self.generated: dict[int, int] = defaultdict(int)  # replica -> groups it put on the bus
         self.ids = itertools.count()
+        self.put_begun: dict[int, asyncio.Event] = defaultdict(asyncio.Event)  # replica -> a put began (wait_partly_put)
 
     def _new_claim(self, replica: int, step: int, groups: list[int], maybe_put: bool) -> dict:
         cid = next(self.ids)
@@ -64,7 +66,9 @@ class GroupQueue:
         return {"wait": True}
 
     async def putting(self, cid: int) -> None:
-        self.claims[cid]["putting"] = True
+        c = self.claims[cid]
+        c["putting"] = True
+        self.put_begun.pop(c["replica"], asyncio.Event()).set()
 
     async def finish(self, cid: int, groups_put: int) -> None:
         c = self.claims.pop(cid)
@@ -86,6 +90,17 @@ class GroupQueue:
     async def partly_put(self, replica: int) -> int:
         """Open claims of `replica` whose put has begun: a crash now leaves some of their groups on the bus."""
         return sum(1 for c in self.claims.values() if c["replica"] == replica and c["putting"])
+
+    async def wait_partly_put(self, replica: int, timeout: float) -> int:
+        """`partly_put`, once a put of `replica` begins or `timeout` seconds pass. A fault waiting for that moment
+        (FaultSpec.mid_put) sees it as it comes: a poll at intervals misses the window of a claim whose last group lands
+        soon after its first."""
+        if not await self.partly_put(replica):
+            try:
+                await asyncio.wait_for(self.put_begun[replica].wait(), timeout)
+            except asyncio.TimeoutError:
+                pass
+        return await self.partly_put(replica)
 
     async def open_claims(self, replica: int) -> int:
         return sum(1 for c in self.claims.values() if c["replica"] == replica)

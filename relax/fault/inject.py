@@ -3,10 +3,11 @@
     faults: [{role: rollout, at_step: 5, kind: kill}]
 
 A fault fires once the Actor has finished `at_step` steps, plus `after_s` seconds (a rollout kill with
-`mid_put: true` then also waits for the replica to hold a claim whose groups are partly on the bus). The step is
+`mid_put: true` then also waits for the replica to begin putting a claim, and fires as that put begins). The step is
 the Actor's own counter (it tells Telemetry as it starts each step), and the Actor does not start step
 at_step + 1 before the fault has fired (ActorRole.await_faults): a fault lands in the step it names, however late
-the driver looks.
+the driver looks. The one exception is a mid_put kill whose replica has had no claim for a second: the gate holds
+the rollout while the Actor waits, so that moment could not come; it fires at the replica's next put instead.
   kill   SIGKILL of the role's process (no cleanup, no goodbye: the real thing)
   delay  SIGSTOP for `duration_s`, then SIGCONT (a stalled process / a network partition of that length)
   slow   for `duration_s`, the process may run only a `duty` share of each 100 ms (SIGSTOP/SIGCONT duty cycle)

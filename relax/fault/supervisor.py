@@ -50,6 +50,8 @@ from relax.schedules.context import RunContext
 from relax.weights import DCS
 
 log = logging.getLogger(__name__)
+MID_PUT_WAIT_S = 0.1  # a due mid_put kill waits this long per tick for the replica's next put (GroupQueue.wait_partly_put)
+MID_PUT_RELEASE_S = 1.0  # ... and holds the Actor while its replica has had an open claim within this long (_released)
 
 
 class Supervisor:
@@ -76,6 +78,8 @@ class Supervisor:
         # every GPU role in colocate mode; made on first use and kept across restarts.
         self.placement = Placement(self.cfg)
         self.injector = FaultInjector(self.cfg.faults, self._pid_for)
+        self.released: set[int] = set()  # faults that no longer hold the Actor though not fired (_released)
+        self.claimless_since: dict[int, float] = {}
         self.t_start = time.time()
 
     # ---- set-up ---------------------------------------------------------------------------------------------
@@ -169,7 +173,7 @@ class Supervisor:
             rep = self.pool.replicas.get(spec.replica)
             if rep is None or rep.status != "ACTIVE":
                 return None
-            if spec.mid_put and not ray.get(self.queue.partly_put.remote(spec.replica)):
+            if spec.mid_put and not ray.get(self.queue.wait_partly_put.remote(spec.replica, MID_PUT_WAIT_S)):
                 return None
             return rep.pid
         return self.pids.get(spec.role)
@@ -250,9 +254,26 @@ class Supervisor:
         """Fire the faults due at the step the Actor is on (its own counter, from Telemetry) and tell it which
         fired: the Actor waits for them before its next step (ActorRole.await_faults)."""
         step, _ = ray.get(self.ctx.telemetry.fault_state.remote())
-        fired = self.injector.tick(step)
-        if fired:
-            ray.get(self.ctx.telemetry.fault_state.remote([f["index"] for f in fired]))
+        fired = [f["index"] for f in self.injector.tick(step)]
+        released = self._released(step)
+        if fired or released:
+            ray.get(self.ctx.telemetry.fault_state.remote(fired, released))
+
+    def _released(self, step: int) -> list[int]:
+        """Due mid_put kills whose replica has held no open claim for MID_PUT_RELEASE_S. While the Actor waits for
+        such a kill, the staleness gate holds the rollout, so a replica with no claim never gets to the moment: the
+        kill stops holding the Actor and fires at the replica's next put instead (its event says in which step)."""
+        now, out = time.time(), []
+        for w in self.injector.waiting:
+            spec, i = w["spec"], w["index"]
+            if not spec.mid_put or step < spec.at_step or i in self.released:
+                continue
+            if ray.get(self.queue.open_claims.remote(spec.replica)):
+                self.claimless_since.pop(i, None)
+            elif now - self.claimless_since.setdefault(i, now) >= MID_PUT_RELEASE_S:
+                self.released.add(i)
+                out.append(i)
+        return out
 
     def _settle(self, ref, key) -> bool:
         """A run() call ended: True if it returned, False if its process died (a role's own error is

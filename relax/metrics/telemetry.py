@@ -56,9 +56,10 @@ class Telemetry:
         self.spans: list[dict] = []
         self.steps: dict[int, dict] = {}
         # Fault triggers (relax/fault/inject.py): the step the Actor is training (its own counter, set as it
-        # starts each step) and the indexes of the configured faults fired so far (the Actor waits on them).
+        # starts each step) and the indexes of the configured faults that no longer hold it: fired, or released
+        # unfired (a mid_put kill whose replica has no claim: Supervisor._released). The Actor waits on the rest.
         self.actor_step = 0
-        self.faults_fired: set[int] = set()
+        self.faults_settled: set[int] = set()
 
     def add_spans(self, spans: list[dict]) -> None:
         self.spans.extend(spans)
@@ -69,10 +70,10 @@ class Telemetry:
     def set_actor_step(self, k: int) -> None:
         self.actor_step = k
 
-    def fault_state(self, fired: list[int] | None = None) -> tuple[int, set[int]]:
-        """(the Actor's step, the faults fired); `fired` adds to them first (the driver's injector)."""
-        self.faults_fired.update(fired or ())
-        return self.actor_step, set(self.faults_fired)
+    def fault_state(self, fired: list[int] | None = None, released: list[int] | None = None) -> tuple[int, set[int]]:
+        """(the Actor's step, the faults settled); the driver's injector adds those `fired` and `released` first."""
+        self.faults_settled.update(fired or (), released or ())
+        return self.actor_step, set(self.faults_settled)
 
     def snapshot(self, since_span: int = 0) -> tuple[list[dict], dict[int, dict]]:
         return self.spans[since_span:], dict(self.steps)

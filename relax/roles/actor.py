@@ -120,12 +120,12 @@ class ActorRole(ModelRole):
         due = {i for i, f in enumerate(faults) if f.at_step < k}
         deadline = time.time() + FAULT_WAIT_S + max((f.after_s for f in faults), default=0.0)
         while due:
-            _, fired = ray.get(self.telemetry.fault_state.remote())
-            if due <= fired:
+            _, settled = ray.get(self.telemetry.fault_state.remote())
+            if due <= settled:
                 break
             if time.time() > deadline:
                 log.warning("faults %s were due before step %d and did not fire within %.0f s; training on",
-                            sorted(due - fired), k, FAULT_WAIT_S)
+                            sorted(due - settled), k, FAULT_WAIT_S)
                 break
             time.sleep(FAULT_POLL_S)
         ray.get(self.telemetry.set_actor_step.remote(k))

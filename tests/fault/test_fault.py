@@ -101,6 +101,27 @@ def test_group_queue_never_hands_out_a_partition_past_the_run():
     assert run(q.claim(1, upto=2)) == {"stop": True}
 
 
+def test_a_waiting_mid_put_trigger_wakes_as_the_put_begins():
+    """GroupQueue.wait_partly_put: at once when a claim is already partly put, at the put's start when one begins
+    while it waits (not at the end of its timeout), and after the timeout with 0 when none does."""
+    q = GroupQueue.__ray_actor_class__(steps=2, prompts_per_step=4, chunk_groups=2)
+
+    async def scenario():
+        a, b = await q.claim(0, upto=0), await q.claim(1, upto=0)
+        t0 = time.monotonic()
+        assert await q.wait_partly_put(1, 0.05) == 0 and time.monotonic() - t0 >= 0.05
+        waiter = asyncio.ensure_future(q.wait_partly_put(1, 30.0))
+        await asyncio.sleep(0.05)
+        await q.putting(a["cid"])  # replica 0's put does not wake replica 1's trigger
+        await asyncio.sleep(0.05)
+        assert not waiter.done()
+        await q.putting(b["cid"])
+        assert await asyncio.wait_for(waiter, 5.0) == 1
+        assert await q.wait_partly_put(1, 30.0) == 1  # already partly put: no wait
+
+    asyncio.run(scenario())
+
+
 def test_fault_config_is_checked():
     base = ROOT / "experiments/async/cpu.yaml"
     with pytest.raises(ConfigError, match="faults.0.at_step"):
@@ -161,15 +182,13 @@ def test_killing_every_role_at_once_records_one_event_per_fault(tmp_path):
 @pytest.mark.slow
 def test_a_replica_killed_mid_put_loses_and_repeats_no_sample(tmp_path):
     """Request-level streaming (rollout.max_inflight): a replica puts each group as its last sample ends. The kill
-    waits for a claim of replica 1 that is partly on the bus (`mid_put`: its put began, its last group has not
-    landed), so the GroupQueue must hand it out again flagged maybe_put, and the replica that takes it generates only
-    the groups not on the bus. Every sample is trained exactly once. Replica 1 is slowed (stopped 70% of each 100 ms)
-    so that its puts last long enough for the supervisor's poll to see one."""
+    lands as a put of replica 1 begins (`mid_put`: the GroupQueue tells the supervisor the moment the claim is flagged
+    putting), so the GroupQueue must hand the claim out again flagged maybe_put, and the replica that takes it
+    generates only the groups not on the bus. Every sample is trained exactly once."""
     from relax.config import load_config as load
     from relax.controller import run_experiment
 
-    faults = ("faults=[{role: rollout, replica: 1, at_step: 0, kind: slow, duration_s: 20, duty: 0.3},"
-              " {role: rollout, replica: 1, at_step: 1, kind: kill, mid_put: true}]")
+    faults = "faults=[{role: rollout, replica: 1, at_step: 1, kind: kill, mid_put: true}]"
     cfg = load(ROOT / "experiments/async/cpu.yaml", [*TINY, "steps=5", "rollout.replicas=2", "rollout.chunk_groups=2",
                                                       "rollout.max_inflight=8", faults])
     run_dir, summary = run_experiment(cfg, out=tmp_path, progress=False)
