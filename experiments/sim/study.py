@@ -102,7 +102,7 @@ class Study:
         if knobs.length_mean is not None:
             lm = dataclasses.replace(lm, mean=knobs.length_mean, source=lm.source + f"; mean solved {knobs.length_mean:.0f}")
         self.runs += 1
-        return Simulation(cfg, CostModel(cfg, model_shape(cfg), hw, opts), lm, record=record).run()
+        return Simulation(cfg, CostModel(cfg, model_shape(cfg), hw, opts, lm.media_tokens), lm, record=record).run()
 
     def step_time(self, cfg, knobs=Knobs(), lengths=None, steps=None) -> float:
         return mean_step_time(self.simulation(cfg, knobs, lengths, steps))

@@ -128,6 +128,16 @@ class Emulator:
         seqs = [self.prompt + self.length(s) for s in sample_ids]
         return sum(seqs), sum(x * x for x in seqs)
 
+    def forward_time(self, sample_ids, role: str) -> float:
+        """Modelled seconds of `role`'s log-prob forward over these samples (their media through the towers too)."""
+        ids = list(sample_ids)
+        return self.cost.forward_time(*self.work(ids), role, rows=len(ids))
+
+    def train_time(self, sample_ids, k: int) -> float:
+        """Modelled seconds of one training micro-batch of these samples of partition k."""
+        ids = list(sample_ids)
+        return self.cost.train_time(*self.work(ids), self.micro_batches(k), rows=len(ids))
+
     def response_tokens(self, sample_ids) -> int:
         return sum(self.length(s) for s in sample_ids)
 

@@ -198,8 +198,7 @@ class ActorRole(ModelRole):
                     data = {f: v[keep] if isinstance(v, torch.Tensor) else [v[i] for i in keep] for f, v in data.items()}
                 dropped += mb.size - len(keep)
                 if keep:
-                    with self._paced("train_micro_batch", lambda e: e.cost.train_time(
-                            *e.work(mb["sample_id"].tolist()), e.micro_batches(k))):
+                    with self._paced("train_micro_batch", lambda e: e.train_time(mb["sample_id"].tolist(), k)):
                         losses.append(self.trainer.accumulate(data, unit))
             rewards += mb["rewards"].tolist()
             zero_adv += sum(1 for a in mb.data.get("advantages", []) if not bool(torch.as_tensor(a).abs().gt(1e-8).any()))

@@ -79,7 +79,7 @@ class ActorFwdRole(ModelRole):
 
     def compute(self, batch):
         with paced(self.cfg, "actor_fwd_forward",
-                   lambda e: e.cost.forward_time(*e.work(batch["sample_id"].tolist()), "actor_fwd")):
+                   lambda e: e.forward_time(batch["sample_id"].tolist(), "actor_fwd")):
             return self._compute(batch)
 
     def _compute(self, batch):

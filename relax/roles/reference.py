@@ -49,7 +49,7 @@ class ReferenceRole(ModelRole):
 
     def compute(self, batch):
         with paced(self.cfg, "reference_forward",
-                   lambda e: e.cost.forward_time(*e.work(batch["sample_id"].tolist()), "reference")):
+                   lambda e: e.forward_time(batch["sample_id"].tolist(), "reference")):
             return self._compute(batch)
 
     def _compute(self, batch):

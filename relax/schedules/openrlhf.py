@@ -114,8 +114,8 @@ def trainer_loop(actor, steps: int, control, reference) -> None:
         ray.get(control.return_slot.remote())  # batch consumed: the generator may produce the next one
         t1 = time.time()
         ref_call = reference.process_partition.remote(k) if reference is not None else None
-        with rec.span("old_logprob", step=k, rows=batch.size), paced(cfg, "old_logprob", lambda e: e.cost.forward_time(
-                *e.work(batch["sample_id"].tolist()), "actor")):
+        with rec.span("old_logprob", step=k, rows=batch.size), paced(cfg, "old_logprob", lambda e: e.forward_time(
+                batch["sample_id"].tolist(), "actor")):
             batch.data["old_log_probs"] = actor.trainer.log_probs(batch["prompt_ids"], batch["response_ids"], budget,
                                                                   replayed_routing(cfg, batch))
         t2 = time.time()

@@ -78,14 +78,14 @@ def trainer_loop(actor, steps: int, rollout) -> None:
         if k + 1 < steps:
             generation[k + 1] = rollout.generate_partition.remote(k + 1)
         routing = replayed_routing(cfg, batch)
-        with rec.span("old_logprob", step=k, rows=batch.size), paced(cfg, "old_logprob", lambda e: e.cost.forward_time(
-                *e.work(batch["sample_id"].tolist()), "actor")):
+        with rec.span("old_logprob", step=k, rows=batch.size), paced(cfg, "old_logprob", lambda e: e.forward_time(
+                batch["sample_id"].tolist(), "actor")):
             batch.data["old_log_probs"] = actor.trainer.log_probs(batch["prompt_ids"], batch["response_ids"], budget,
                                                                   routing)
         t3 = time.time()
         if ref_model is not None:
-            with rec.span("ref_forward", step=k, rows=batch.size), paced(cfg, "ref_forward", lambda e: e.cost.forward_time(
-                    *e.work(batch["sample_id"].tolist()), "actor")):
+            with rec.span("ref_forward", step=k, rows=batch.size), paced(cfg, "ref_forward", lambda e: e.forward_time(
+                    batch["sample_id"].tolist(), "actor")):
                 batch.data["ref_log_probs"] = compute_log_probs(ref_model, pad, batch["prompt_ids"],
                                                                 batch["response_ids"], T, budget, routing,
                                                                 precision=cfg.training.precision)

@@ -25,7 +25,7 @@ def build(cfg: ExperimentConfig, hardware, band: str = "mid", recompute: bool = 
     from relax.sim.sim import Simulation
 
     hw = load_hardware(hardware)
-    cost = CostModel(cfg, model_shape(cfg), hw, SimOptions(band=band, recompute=recompute, **sim_options))
+    options = SimOptions(band=band, recompute=recompute, **sim_options)
     band = length_band or band
     if lengths and not str(lengths).endswith((".yaml", ".yml")):
         from relax.sim.lengths import length_model as _lm
@@ -36,7 +36,7 @@ def build(cfg: ExperimentConfig, hardware, band: str = "mid", recompute: bool = 
                      base.cv if base else 0.5)
     else:
         lm = length_model(cfg.task.name, cfg.rollout.max_new_tokens, band, lengths)
-    return Simulation(cfg, cost, lm, record=record)
+    return Simulation(cfg, CostModel(cfg, model_shape(cfg), hw, options, lm.media_tokens), lm, record=record)
 
 
 def prompt_tokens(cfg: ExperimentConfig, n: int = 64) -> float:

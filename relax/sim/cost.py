@@ -39,8 +39,11 @@ class SimOptions:
 
 class CostModel:
     def __init__(self, cfg: ExperimentConfig, shape: ModelShape, hw: HardwareProfile,
-                 options: SimOptions = SimOptions()):
+                 options: SimOptions = SimOptions(), media_tokens: dict[str, float] | None = None):
         self.cfg, self.shape, self.hw, self.opt = cfg, shape, hw, options
+        # One sample's media through the towers (the length model's media tokens per prompt): forward FLOPs, and
+        # the FLOPs of a training pass over it (a frozen tower: one forward; a trained one: three passes).
+        self.media_fwd, self.media_train = self._media_flops(media_tokens or {})
         b = options.band
         self.b = b
         d, e = hw.device, hw.efficiency
@@ -58,6 +61,14 @@ class CostModel:
         # engine calls; model FLOPs (3 passes, no recompute: the MFU convention) and seconds of training.
         self.acc = {"decode_bytes": 0.0, "generate_s": 0.0, "train_flops": 0.0, "train_s": 0.0}
         self._check_fits()
+
+    def _media_flops(self, media: dict[str, float]) -> tuple[float, float]:
+        towers = {t.name: t for t in self.shape.towers}
+        if unknown := sorted(set(media) - set(towers)):
+            raise ConfigError(f"media_tokens: the model ({self.shape.source}) has no tower {', '.join(unknown)} "
+                              f"(towers: {', '.join(towers) or 'none'})")
+        fwd = {n: x * towers[n].forward_flops_per_token() for n, x in media.items()}
+        return sum(fwd.values()), sum(f * (3.0 if towers[n].trained else 1.0) for n, f in fwd.items())
 
     # --- layout -------------------------------------------------------------------------------------------
     def _devices(self, role: str) -> float:
@@ -132,6 +143,7 @@ class CostModel:
         s = self.shape
         tokens = sum(prompt_lens)
         flops = 2.0 * s.active_params * tokens + 2.0 * s.num_layers * s.attn_width * sum(p * p for p in prompt_lens)
+        flops += len(prompt_lens) * self.media_fwd  # each request's media through the towers
         return flops / (self.replica_devices * self.peak * self.eff["prefill"])
 
     def generate(self, requests: list[tuple[float, int]], max_running: int | None = None) -> tuple[float, list[float]]:
@@ -188,11 +200,13 @@ class CostModel:
         return t, finish
 
     # --- training and forwards --------------------------------------------------------------------------
-    def _flops(self, tokens: float, sumsq: float, passes: float) -> float:
+    def _flops(self, tokens: float, sumsq: float, passes: float, rows: int = 0) -> float:
         """`passes` forwards over sequences of `tokens` tokens in all, `sumsq` the sum of their squared lengths
-        (causal attention: 2 x layers x heads x head_dim x L^2 per sequence and forward)."""
+        (causal attention: 2 x layers x heads x head_dim x L^2 per sequence and forward), and the media of `rows`
+        samples through the towers (a forward, or a training pass when passes > 1)."""
         s = self.shape
-        return passes * (2.0 * s.active_params * tokens + 2.0 * s.num_layers * s.attn_width * sumsq)
+        towers = rows * (self.media_train if passes > 1 else self.media_fwd)
+        return passes * (2.0 * s.active_params * tokens + 2.0 * s.num_layers * s.attn_width * sumsq) + towers
 
     def _parallel(self, role: str):
         from relax.config import role_parallel
@@ -203,18 +217,18 @@ class CostModel:
         pp = self._parallel(role).pipeline
         return 1.0 + (pp - 1) / max(micro_batches, 1.0)
 
-    def train_time(self, tokens: float, sumsq: float, micro_batches_per_step: float = 1.0) -> float:
+    def train_time(self, tokens: float, sumsq: float, micro_batches_per_step: float = 1.0, rows: int = 0) -> float:
         passes = 4.0 if self.opt.recompute else 3.0
         mfu = self.eff["train_mfu_moe" if self.shape.moe else "train_mfu"]
-        t = self._flops(tokens, sumsq, passes) / (self.role_devices("actor") * self.peak * mfu)
+        t = self._flops(tokens, sumsq, passes, rows) / (self.role_devices("actor") * self.peak * mfu)
         t += self.layout_comm_time(tokens, passes, "actor")
         t = t * self.pipeline_stretch("actor", micro_batches_per_step) + self._fixed("train_micro_batch_s")
-        self.acc["train_flops"] += self._flops(tokens, sumsq, 3.0)
+        self.acc["train_flops"] += self._flops(tokens, sumsq, 3.0, rows)
         self.acc["train_s"] += t
         return t
 
-    def forward_time(self, tokens: float, sumsq: float, role: str) -> float:
-        return self._flops(tokens, sumsq, 1.0) / (self.role_devices(role) * self.peak * self.eff["forward_mfu"]) \
+    def forward_time(self, tokens: float, sumsq: float, role: str, rows: int = 0) -> float:
+        return self._flops(tokens, sumsq, 1.0, rows) / (self.role_devices(role) * self.peak * self.eff["forward_mfu"]) \
             + self.layout_comm_time(tokens, 1.0, role) + self._fixed("forward_call_s")
 
     def layout_comm_time(self, tokens: float, passes: float, role: str) -> float:

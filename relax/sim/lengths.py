@@ -34,6 +34,7 @@ class LengthFile(BaseModel):
     cv: Sourced | None = None  # untruncated lognormal std / mean
     empirical: list[int] | None = Field(None, min_length=1)
     group_cv: float = Field(0.0, ge=0)  # spread of a prompt's own mean across prompts (lengths in a group correlate)
+    media_tokens: dict[str, Sourced] = {}  # of prompt_tokens, those a media tower makes, by tower (vision, audio)
 
 
 def _phi(x: float) -> float:
@@ -61,6 +62,7 @@ class LengthModel:
     empirical: list[int] = field(default_factory=list)
     group_cv: float = 0.0
     source: str = ""
+    media_tokens: dict[str, float] = field(default_factory=dict)  # per prompt, by tower (part of prompt_tokens)
 
     def draw_group(self, rng: random.Random, G: int) -> list[int]:
         cap = self.max_new_tokens
@@ -112,9 +114,13 @@ def load_length_file(path: Path, max_new_tokens: int, band: str = "mid") -> Leng
         raise ConfigError(f"{Path(path).name}: mean and cv (a lognormal) or empirical (observed lengths) is required")
     src = f"{Path(path).name}: " + (f"empirical, {len(f.empirical)} lengths" if f.empirical else
                                     f"lognormal mean {f.mean.at(band):g} ({f.mean.source}), cv {f.cv.at(band):g}")
+    media = {name: v.at(band) for name, v in f.media_tokens.items()}
+    if sum(media.values()) > f.prompt_tokens.at(band):
+        raise ConfigError(f"{Path(path).name}: media_tokens: {sum(media.values()):g} media tokens exceed prompt_tokens "
+                          f"({f.prompt_tokens.at(band):g}) at band {band}")
     return LengthModel(prompt_tokens=f.prompt_tokens.at(band), max_new_tokens=max_new_tokens,
                        mean=f.mean.at(band) if f.mean else 0.0, cv=f.cv.at(band) if f.cv else 0.0,
-                       empirical=list(f.empirical or []), group_cv=f.group_cv, source=src)
+                       empirical=list(f.empirical or []), group_cv=f.group_cv, source=src, media_tokens=media)
 
 
 def fit_mean(observed: float, cv: float, cap: int) -> float:

@@ -22,6 +22,30 @@ CHAR_VOCAB = 98  # relax/models/tokenizer.py CharTokenizer: pad/bos/eos + printa
 
 
 @dataclass(frozen=True)
+class Tower:
+    """A media encoder in front of the language model (an omni model's vision or audio tower): a pre-norm
+    transformer whose `positions_per_token` encoder positions make one of the language model's media tokens (a
+    vision tower's spatial merge packs merge^2 patches into a token). `trained: false` (frozen) costs one forward in
+    every pass over the sample, training included; trained, three."""
+
+    name: str
+    layers: int
+    hidden_size: int
+    intermediate_size: int
+    positions_per_token: float
+    trained: bool = False
+
+    @property
+    def params(self) -> int:  # per layer: q, k, v, o and a two-matrix MLP (biases and norms left out)
+        h = self.hidden_size
+        return self.layers * (4 * h * h + 2 * h * self.intermediate_size)
+
+    def forward_flops_per_token(self) -> float:
+        """2 x params per encoder position (the encoder's own attention over a clip's patches left out)."""
+        return 2.0 * self.params * self.positions_per_token
+
+
+@dataclass(frozen=True)
 class ModelShape:
     hidden_size: int
     num_layers: int
@@ -34,6 +58,7 @@ class ModelShape:
     num_experts: int = 0  # 0: dense
     experts_per_token: int = 0
     moe_intermediate_size: int = 0
+    towers: tuple[Tower, ...] = ()  # media encoders (omni models); their tokens' share of a prompt: the length file
     source: str = ""
 
     @property
@@ -116,15 +141,26 @@ def _from_hf_config(d: dict, source: str) -> ModelShape:
         raise ConfigError(f"{source}: model config lacks {err.args[0]}") from None
 
 
+def _towers(raw: list, where: str) -> tuple[Tower, ...]:
+    out = []
+    for i, t in enumerate(raw or []):
+        try:
+            out.append(Tower(**{k: v for k, v in t.items() if k != "source"}))
+        except TypeError as err:
+            raise ConfigError(f"{where}: towers.{i}: {err}") from None
+    return tuple(out)
+
+
 def load_shape_file(path: Path) -> ModelShape:
     raw = yaml.safe_load(path.read_text()) or {}
-    unknown = set(raw) - set(FIELDS) - {"source"}
+    unknown = set(raw) - set(FIELDS) - {"source", "towers"}
     if unknown:
         raise ConfigError(f"{path.name}: unknown field(s) {', '.join(sorted(unknown))}")
     missing = [f for f in FIELDS[:7] if f not in raw]
     if missing:
         raise ConfigError(f"{path.name}: missing field(s) {', '.join(missing)}")
-    return ModelShape(**{k: raw[k] for k in FIELDS if k in raw}, source=raw.get("source", path.name))
+    return ModelShape(**{k: raw[k] for k in FIELDS if k in raw}, towers=_towers(raw.get("towers"), path.name),
+                      source=raw.get("source", path.name))
 
 
 def model_shape(cfg: ExperimentConfig) -> ModelShape:

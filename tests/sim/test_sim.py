@@ -363,6 +363,41 @@ def test_shapes_derive_the_model_cards_totals():
     assert CHAR_VOCAB == CharTokenizer.vocab_size
 
 
+def test_omni_towers_add_their_media_forward_to_every_pass_over_a_sample(tmp_path):
+    """The omni shape's towers (a frozen ViT of 4 patches per token, an audio encoder of 1): each sample's media cost
+    one tower forward in prefill, in a log-prob forward and in a training pass; a trained tower costs three in
+    training; a length file naming a tower the model lacks, or more media than prompt, fails naming the field."""
+    from relax.sim.lengths import load_length_file
+
+    omni = load_shape_file(MODELS / "qwen3-omni-30b-a3b-instruct.yaml")
+    vision, audio = omni.towers
+    assert (vision.name, audio.name) == ("vision", "audio")
+    assert vision.params == 27 * (4 * 1152 ** 2 + 2 * 1152 * 4304)
+    assert vision.forward_flops_per_token() == 2 * vision.params * 4
+    cfg = load_config(ROOT / "experiments/omni/h800x16.yaml", ["steps=2"])
+    hw = load_hardware("h800")
+    media = {"vision": 100.0, "audio": 50.0}
+    plain, c = CostModel(cfg, omni, hw), CostModel(cfg, omni, hw, media_tokens=media)
+    per_sample = 100 * vision.forward_flops_per_token() + 50 * audio.forward_flops_per_token()
+    assert c.media_fwd == c.media_train == pytest.approx(per_sample)
+    assert c._flops(1000.0, 1e5, 3.0, rows=4) - plain._flops(1000.0, 1e5, 3.0) == pytest.approx(4 * per_sample)
+    assert c.forward_time(1000.0, 1e5, "reference", rows=4) > plain.forward_time(1000.0, 1e5, "reference")
+    prefill = (c.prefill_time([200.0] * 3) - plain.prefill_time([200.0] * 3)) * c.replica_devices * c.peak
+    assert prefill * c.eff["prefill"] == pytest.approx(3 * per_sample)
+    import dataclasses
+
+    trained = dataclasses.replace(omni, towers=(dataclasses.replace(vision, trained=True), audio))
+    t = CostModel(cfg, trained, hw, media_tokens=media)
+    assert t.media_train == pytest.approx(per_sample + 2 * 100 * vision.forward_flops_per_token())
+    with pytest.raises(ConfigError, match="media_tokens: .* no tower video"):
+        CostModel(cfg, omni, hw, media_tokens={"video": 10.0})
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("task: t\nprompt_tokens: {value: 100, source: x}\nmean: {value: 50, source: x}\n"
+                   "cv: {value: 0.5, source: x}\nmedia_tokens: {vision: {value: 150, source: x}}\n")
+    with pytest.raises(ConfigError, match="media_tokens"):
+        load_length_file(bad, 200)
+
+
 def test_truncated_lengths():
     assert truncated_mean(100, 0.0, 50) == 50
     m = fit_mean(300, 0.7, 1000)
