@@ -35,7 +35,7 @@ class GroupQueue:
         self.draining: set[int] = set()
         self.generated: dict[int, int] = defaultdict(int)  # replica -> groups it put on the bus
         self.ids = itertools.count()
-        self.put_begun: dict[int, asyncio.Event] = defaultdict(asyncio.Event)  # replica -> a put began (wait_partly_put)
+        self.put_begun: dict[int, asyncio.Event] = defaultdict(asyncio.Event)  # replica -> set as a put begins
 
     def _new_claim(self, replica: int, step: int, groups: list[int], maybe_put: bool) -> dict:
         cid = next(self.ids)
@@ -68,7 +68,8 @@ class GroupQueue:
     async def putting(self, cid: int) -> None:
         c = self.claims[cid]
         c["putting"] = True
-        self.put_begun.pop(c["replica"], asyncio.Event()).set()
+        if (begun := self.put_begun.pop(c["replica"], None)) is not None:  # wakes wait_partly_put's waiters
+            begun.set()
 
     async def finish(self, cid: int, groups_put: int) -> None:
         c = self.claims.pop(cid)

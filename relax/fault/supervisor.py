@@ -50,7 +50,7 @@ from relax.schedules.context import RunContext
 from relax.weights import DCS
 
 log = logging.getLogger(__name__)
-MID_PUT_WAIT_S = 0.1  # a due mid_put kill waits this long per tick for the replica's next put (GroupQueue.wait_partly_put)
+MID_PUT_WAIT_S = 0.1  # a due mid_put kill waits this long a tick for its replica's next put (wait_partly_put)
 MID_PUT_RELEASE_S = 1.0  # ... and holds the Actor while its replica has had an open claim within this long (_released)
 
 

@@ -42,15 +42,14 @@ def _step(sim: Simulation, step: int) -> dict:
         return max(a + bm * b * ctx, cc + dm * b * ctx) + c.step_overhead
     rate = batch / token_step(batch) * c.replicas  # tokens/s of the pool
     prefill = c.prefill_time([p] * len(resp)) / c.replicas
-    tok, sq = sim.tokens(step, range(sim.P))
-    rows = sim.P * sim.G
+    every = range(sim.P)
     m = sim.expected_micro_batches(step)
     limits = {"rollout": sum(resp) / rate + prefill,
-              "actor": c.train_time(tok, sq, m, rows=rows) + c.optimizer_time()}
+              "actor": c.train_time(*sim.tokens(step, every), m, rows=sim.P * sim.G) + c.optimizer_time()}
     if sim.has_ref:
-        limits["reference"] = c.forward_time(tok, sq, "reference", rows=rows)
+        limits["reference"] = sim.forward_time(step, every, "reference")
     if sim.has_fwd:
-        limits["actor_fwd"] = c.forward_time(tok, sq, "actor_fwd", rows=rows)
+        limits["actor_fwd"] = sim.forward_time(step, every, "actor_fwd")
     total, longest, s1 = sum(resp), max(resp), sim.cfg.max_staleness + 1
 
     def at_batch(b: int) -> tuple[float, int]:  # every engine at b: the rollout's work against the tail's latency

@@ -202,6 +202,10 @@ class Simulation:
         tok, sq = self.g_tok[k], self.g_sq[k]
         return sum(tok[g] for g in groups), sum(sq[g] for g in groups)
 
+    def forward_time(self, k: int, groups, role: str) -> float:
+        """`role`'s log-prob forward over these groups of partition k (their media through the towers too)."""
+        return self.cost.forward_time(*self.tokens(k, groups), role, rows=len(groups) * self.G)
+
     def rows_bytes(self, k: int, groups) -> tuple[int, float]:
         b = self.g_bytes[k]
         return len(groups) * self.G, sum(b[g] for g in groups)
@@ -335,10 +339,10 @@ class Simulation:
         return self.cost.advantages_time(len(groups) * self.G)
 
     def _ref(self, k, groups):
-        return self.cost.forward_time(*self.tokens(k, groups), "reference", rows=len(groups) * self.G)
+        return self.forward_time(k, groups, "reference")
 
     def _fwd(self, k, groups):
-        return self.cost.forward_time(*self.tokens(k, groups), "actor_fwd", rows=len(groups) * self.G)
+        return self.forward_time(k, groups, "actor_fwd")
 
     def start_services(self, reference: bool = True) -> None:
         env = self.env
@@ -368,8 +372,9 @@ class Simulation:
     def train_micro_batch(self, k: int, groups: list[int], m: float):
         """One micro-batch's forward + backward; its rows were fetched before (`fetch`)."""
         t0 = self.env.now
-        yield from self.busy("actor", self.cost.train_time(*self.tokens(k, groups), m, rows=len(groups) * self.G))
-        self.span("actor", "train_micro_batch", k, t0, rows=len(groups) * self.G)
+        rows = len(groups) * self.G
+        yield from self.busy("actor", self.cost.train_time(*self.tokens(k, groups), m, rows=rows))
+        self.span("actor", "train_micro_batch", k, t0, rows=rows)
 
     def fetch(self, role: str, k: int, groups: list[int]):
         """One bus fetch of these groups' rows by `role` (a call, its rows, its bytes)."""
@@ -590,11 +595,11 @@ class Simulation:
             if k + 1 < self.steps:
                 gen[k + 1] = self.env.process(self.generate_partition(k + 1))
             t2 = self.env.now
-            yield from self.busy("actor", self.cost.forward_time(*self.tokens(k, groups), "actor", rows=len(groups) * self.G))
+            yield from self.busy("actor", self.forward_time(k, groups, "actor"))
             self.span("actor", "old_logprob", k, t2, rows=rows)
             if self.has_ref:
                 t3 = self.env.now
-                yield from self.busy("actor", self.cost.forward_time(*self.tokens(k, groups), "actor", rows=len(groups) * self.G))
+                yield from self.busy("actor", self.forward_time(k, groups, "actor"))
                 self.span("actor", "ref_forward", k, t3, rows=rows)
             m = self.expected_micro_batches(k)
             for mb in self.micro_batches(k, groups):
@@ -645,7 +650,7 @@ class Simulation:
             if self.has_ref:
                 ref = self.env.process(self._ref_call(k, groups))
             t1 = self.env.now
-            yield from self.busy("actor", self.cost.forward_time(*self.tokens(k, groups), "actor", rows=len(groups) * self.G))
+            yield from self.busy("actor", self.forward_time(k, groups, "actor"))
             self.span("actor", "old_logprob", k, t1, rows=rows)
             if ref is not None:
                 t2 = self.env.now
