@@ -2,12 +2,15 @@
 this machine by `relax profile`, and put predicted beside measured (SIMULATED beside measured).
 
     python -m experiments.sim.gate_cpu --fresh [--out results/sim_gate]     # profile + the 7 runs, now
-    python -m experiments.sim.gate_cpu [--runs results/reference] [--profile FILE]
+    python -m experiments.sim.gate_cpu [--runs results/reference] [--profile FILE ...]
 
---fresh measures the profile and runs the 7 experiments (`relax reproduce --only ...`) in this invocation, one after
-the other, so profile and runs see the same machine; without it the runs are read from --runs (default: the
-committed reference set) and the profile is measured now unless --profile names one. The profile is measured with
-experiments/async/cpu.yaml's model and threads (`relax profile ... --ray`). Each run's length model is fitted to
+--fresh measures the profiles and runs the 7 experiments (`relax reproduce --only ...`) in this invocation, one after
+the other, so profiles and runs see the same machine; without it the runs are read from --runs (default: the
+committed reference set) and the profiles are measured now unless --profile names them. One profile is measured
+(`relax profile CONFIG --ray`) per distinct set of threads among the 7 configs, with the first config that runs it:
+colocate's rollout and actor run 2 threads, async's 1, and a span at 2 threads runs ~1.4x faster on 2 cores, so
+each run is priced by the profile timed at its own threads (the cost model refuses any other). Each run's length
+model is fitted to
 that run's metrics.jsonl (response tokens per sample; cv assumed 0.5): lengths are an input of the simulator, not
 what it predicts.
 
@@ -29,6 +32,8 @@ from pathlib import Path
 from relax.config import validate
 from relax.run_folder import RunFolder, latest_runs
 from relax.sim import build
+from relax.sim.hardware import load_hardware
+from relax.sim.measure import forward_threads
 from relax.sim.output import metrics_rows, summarize
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,30 +49,58 @@ RATIOS = [("async off-policy / colocate (speed-up)", ("colocate", "cpu"), ("asyn
           ("relax async / OpenRLHF emulated (speed-up)", ("async", "cpu-openrlhf"), ("async", "cpu"))]
 
 
-def measure_profile(out: Path) -> Path:
-    cmd = [sys.executable, "-m", "relax.cli", "profile", str(ROOT / "experiments/async/cpu.yaml"), "--out", str(out),
-           "--ray"]
-    subprocess.run(cmd, check=True, cwd=ROOT)
-    return out
+def config_of(key: tuple[str, str]) -> Path:
+    return ROOT / "experiments" / key[0] / f"{key[1]}.yaml"
+
+
+def threads_of(cfg) -> dict[str, int]:
+    """The threads a measured profile records (relax.sim.measure.measure) for this config's work."""
+    return {"rollout": cfg.resources.rollout.threads, "actor": cfg.resources.actor.threads,
+            "forward": forward_threads(cfg)}
+
+
+def measure_profiles(out: Path) -> list[Path]:
+    """One profile per distinct threads among the gate's configs, measured with the first config that runs them."""
+    from relax.config import load_config
+
+    first: dict[tuple, Path] = {}
+    for key in GATE_RUNS.values():
+        first.setdefault(tuple(threads_of(load_config(str(config_of(key)))).values()), config_of(key))
+    paths = []
+    for threads, config in first.items():
+        paths.append(out / f"cpu-measured-{'-'.join(map(str, threads))}.yaml")
+        subprocess.run([sys.executable, "-m", "relax.cli", "profile", str(config), "--out", str(paths[-1]), "--ray"],
+                       check=True, cwd=ROOT)
+    return paths
+
+
+def profile_for(cfg, profiles: list[Path]) -> Path:
+    want = threads_of(cfg)
+    for p in profiles:
+        if load_hardware(p).threads == want:
+            return p
+    raise SystemExit(f"gate_cpu: no profile measured at {want} threads for {cfg.name}/{cfg.profile} (profiles: "
+                     f"{', '.join(map(str, profiles))}); measure one with relax profile CONFIG --ray")
 
 
 def _rel(path: Path) -> str:
     return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
-def predict(profile: Path, root: Path = REFERENCE) -> list[dict]:
+def predict(profiles: list[Path], root: Path = REFERENCE) -> list[dict]:
     runs = latest_runs(root)
     rows = []
     for key in GATE_RUNS.values():
         d = runs[key]
         folder = RunFolder(d)
         cfg = validate(folder.config())
+        profile = profile_for(cfg, profiles)
         sim = build(cfg, str(profile), lengths=str(d)).run()
         ends = [sim.step_end[k] for k in range(sim.steps)]
         pred = [b - a for a, b in zip([0.0] + ends, ends)][1:]
         meas = [m["step_time_s"] for m in folder.metrics()][1:]
         load, summ = folder.host_load() or {}, folder.summary()
-        row = {"run": f"{key[0]}/{key[1]}", "folder": _rel(d), "steps": len(meas),
+        row = {"run": f"{key[0]}/{key[1]}", "folder": _rel(d), "profile": _rel(profile), "steps": len(meas),
                "host_load": [load.get("loadavg_before", [None])[0], load.get("loadavg_after", [None])[0]],
                # Where the time went, measured (None for runs older than the CPU accounting): the machine's busy
                # cores over the training, and the roles' span seconds per step, wall (busy) and CPU. The SIMULATED
@@ -119,9 +152,10 @@ def ratios(rows: list[dict], stat: str) -> list[dict]:
     return out
 
 
-def markdown(rows, rat, profile, runs_root) -> str:
+def markdown(rows, rat, profiles, runs_root) -> str:
     lines = ["# Issue 14 gate 1: SIMULATED vs measured step time (aim: within 10%, judged on the median)", "",
-             f"Profile: {profile} (measured by relax profile). Runs: {runs_root}.", "",
+             f"Profiles (measured by relax profile, one per threads; each row names its own): "
+             f"{', '.join(map(_rel, profiles))}. Runs: {runs_root}.", "",
              "| run | measured median (s) | SIMULATED median (s) | error | measured mean (s) | SIMULATED mean (s) "
              "| error | host load before -> after | busy cores, measured | roles' busy / CPU s per step, measured "
              "| roles' busy s per step (a core's wait included), SIMULATED |", "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -151,26 +185,27 @@ def markdown(rows, rat, profile, runs_root) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--profile", help="a measured profile (default: measure one now)")
+    ap.add_argument("--profile", action="append", type=Path, help="a measured profile, once per threads the runs "
+                    "use (default: measure them now)")
     ap.add_argument("--runs", type=Path, default=REFERENCE, help="results root holding the 7 runs (default: the "
                     "committed reference set)")
-    ap.add_argument("--fresh", action="store_true", help="measure the profile and run the 7 experiments now, into "
+    ap.add_argument("--fresh", action="store_true", help="measure the profiles and run the 7 experiments now, into "
                     "OUT/runs (about 8 minutes on a quiet 2-core machine)")
     ap.add_argument("--out", default=str(ROOT / "results" / "sim_gate"))
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    profile = Path(args.profile) if args.profile else measure_profile(out / "cpu-measured.yaml")
+    profiles = args.profile or measure_profiles(out)
     runs_root = args.runs
     if args.fresh:
         runs_root = out / "runs"
         subprocess.run([sys.executable, "-m", "relax.cli", "reproduce", "--only", *GATE_RUNS, "--out", str(runs_root),
                         "--no-figures"], check=True, cwd=ROOT)
-    rows = predict(profile, runs_root)
+    rows = predict(profiles, runs_root)
     rat = {stat: ratios(rows, stat) for stat in ("median", "mean")}
-    (out / "gate_cpu.json").write_text(json.dumps({"simulated": True, "profile": str(profile), "runs_root": str(runs_root),
-                                                   "runs": rows, "ratios": rat}, indent=2))
-    text = markdown(rows, rat, profile, _rel(runs_root))
+    (out / "gate_cpu.json").write_text(json.dumps({"simulated": True, "profiles": list(map(_rel, profiles)),
+                                                   "runs_root": str(runs_root), "runs": rows, "ratios": rat}, indent=2))
+    text = markdown(rows, rat, profiles, _rel(runs_root))
     (out / "gate_cpu.md").write_text(text)
     print(text)
     return 0

@@ -61,6 +61,7 @@ class CostModel:
         # engine calls; model FLOPs (3 passes, no recompute: the MFU convention) and seconds of training.
         self.acc = {"decode_bytes": 0.0, "generate_s": 0.0, "train_flops": 0.0, "train_s": 0.0}
         self._check_fits()
+        self._check_threads()
 
     def _media_flops(self, media: dict[str, float]) -> tuple[float, float]:
         towers = {t.name: t for t in self.shape.towers}
@@ -100,6 +101,24 @@ class CostModel:
                 f"resources.rollout.gpus: a replica of {self.replica_devices:g} {self.hw.name} GPU(s) holds "
                 f"{self.kv_capacity_tokens():.0f} KV tokens after the weights, less than one response "
                 f"(rollout.max_new_tokens={self.cfg.rollout.max_new_tokens})")
+
+    def _check_threads(self) -> None:
+        """A measured CPU profile prices a role's span at the threads it was timed at: a role running another
+        count would be priced at the wrong speed (and hold the wrong number of cores), so say which to re-measure."""
+        measured = self.hw.threads
+        if self.hw.kind != "cpu" or not measured:
+            return
+        roles = {"rollout": "rollout", "actor": "actor"}
+        if self.cfg.algorithm.kl_coef > 0:
+            roles["reference"] = "forward"
+        if self.cfg.algorithm.old_log_probs == "actor_fwd":
+            roles["actor_fwd"] = "forward"
+        for role, work in roles.items():
+            got, want = getattr(self.cfg.resources, role).threads, measured.get(work)
+            if want is not None and got != want:
+                raise ConfigError(f"resources.{role}.threads: {got}, but profile '{self.hw.name}' timed this work "
+                                  f"({work}) at {want} thread(s); measure one for this config (relax profile CONFIG "
+                                  f"--ray)")
 
     # --- rollout ------------------------------------------------------------------------------------------
     @property

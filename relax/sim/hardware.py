@@ -130,6 +130,10 @@ class HardwareProfile(_Strict):
     kind: Literal["gpu", "cpu"] = "gpu"
     description: str = ""
     measured: bool = False  # written by `relax profile` on the machine itself
+    # A measured CPU profile: the torch threads its work was timed at (rollout: engine calls; actor: training and
+    # the matmul peak; forward: log-prob forwards). On 2 cores 2 threads run a span ~1.4x faster than 1, so the
+    # cost model refuses a config whose roles run other thread counts (CostModel._check_threads).
+    threads: dict[Literal["rollout", "actor", "forward"], int] | None = None
     device: Device
     links: Links
     efficiency: Efficiency

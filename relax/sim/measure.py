@@ -93,6 +93,14 @@ def _dcs_bandwidth(cfg: ExperimentConfig, reps: int) -> float:
     return sum(x.numel() * 4 for x in src) / _best(once, reps)
 
 
+def forward_threads(cfg: ExperimentConfig) -> int:
+    """The threads a config's log-prob forwards run at: the Reference's (the ActorFwd's when there is no
+    Reference), the roles whose forwards the cost model prices; the veRL schedule's recompute on the Actor too."""
+    if cfg.algorithm.kl_coef <= 0 and cfg.algorithm.old_log_probs == "actor_fwd":
+        return cfg.resources.actor_fwd.threads
+    return cfg.resources.reference.threads
+
+
 def measure(cfg: ExperimentConfig, ray_costs: bool = False, reps: int = 5) -> dict:
     from relax.engines.torch_engine import TorchEngine
     from relax.models import build_model
@@ -102,6 +110,7 @@ def measure(cfg: ExperimentConfig, ray_costs: bool = False, reps: int = 5) -> di
 
     shape = model_shape(cfg)
     threads_r, threads_a = cfg.resources.rollout.threads, cfg.resources.actor.threads
+    threads_f = forward_threads(cfg)
     torch.set_num_threads(threads_a)
     n = 512
     a, b = torch.randn(n, n), torch.randn(n, n)
@@ -177,7 +186,9 @@ def measure(cfg: ExperimentConfig, ray_costs: bool = False, reps: int = 5) -> di
         return min(1.0 / (slope * peak), 1.0), max(t1 - slope * flops(tok1, sq1, passes), 0.0)
 
     mfu, mb_fixed = line(fb, 3.0)
+    torch.set_num_threads(threads_f)
     fmfu, f_fixed = line(fwd, 1.0)
+    torch.set_num_threads(threads_a)
     fb(p2)
     opt_s = _best(opt.step, reps)
     opt_bytes = opt_s * bw / shape.total_params
@@ -189,8 +200,10 @@ def measure(cfg: ExperimentConfig, ray_costs: bool = False, reps: int = 5) -> di
         "kind": "cpu",
         "description": (f"this machine ({torch.get_num_threads()}-thread torch, {platform.machine()}), measured by "
                         f"relax profile for {cfg.name}/{cfg.profile}: model {shape.source}, rollout threads "
-                        f"{threads_r}, actor threads {threads_a}, engine call of {B} requests"),
+                        f"{threads_r}, actor threads {threads_a}, forward threads {threads_f}, engine call of {B} "
+                        f"requests"),
         "measured": True,
+        "threads": {"rollout": threads_r, "actor": threads_a, "forward": threads_f},
         "device": {"peak_flops": _m(peak, f"fp32 {n}x{n} matmul, {threads_a} thread(s)"),
                    "memory_bytes": _given(64e9, "memory is not the bound on this machine"),
                    "memory_bw": _m(bw, "copy of 32 MiB into a reused buffer"),
@@ -203,7 +216,8 @@ def measure(cfg: ExperimentConfig, ray_costs: bool = False, reps: int = 5) -> di
         "efficiency": {
             "train_mfu": _m(mfu, f"slope of forward+backward time over {small} vs {big} rows"),
             "train_mfu_moe": _given(mfu, "train_mfu of the model measured, dense or not"),
-            "forward_mfu": _m(fmfu, f"slope of log-prob forward time over {small} vs {big} rows"),
+            "forward_mfu": _m(fmfu, f"slope of log-prob forward time over {small} vs {big} rows, {threads_f} "
+                                    f"thread(s), against the matmul peak"),
             "prefill": _m(prefill_eff, f"engine call of {B} prompts ({prompt_tokens:.1f} tokens) less its decode"),
             "decode_bw": _given(1.0, "1 by construction: the decode step is folded into rollout.step_overhead_s"),
             "decode_flops": _given(1.0, "1 by construction: the decode step is folded into rollout.step_overhead_s"),

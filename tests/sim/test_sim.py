@@ -423,6 +423,7 @@ def test_profile_measures_a_loadable_cpu_profile(tmp_path):
     p.write_text(yaml.safe_dump(prof))
     hw = load_hardware(p)
     assert hw.measured and hw.kind == "cpu"
+    assert hw.threads == {"rollout": 1, "actor": 1, "forward": cfg.resources.reference.threads}  # what it timed at
     sources = {f"{section}.{name}": v.source for section in ("device", "links", "efficiency", "rollout", "overheads")
                for name, v in getattr(hw, section) if v is not None}
     timed = {"device.peak_flops", "device.memory_bw", "links.host", "links.intra_node", "efficiency.train_mfu",
@@ -477,6 +478,24 @@ def test_the_sessions_background_cores_stretch_every_piece_of_role_work():
     assert base[0] > 0
     for t, t0 in zip(loaded, base):
         assert t == pytest.approx(t0 / 0.75, rel=1e-9)
+
+
+def test_a_measured_cpu_profile_refuses_a_config_run_at_other_threads():
+    """A measured CPU profile times each kind of work at the config's threads; a config whose roles run other
+    counts would be priced at the wrong speed, so building it fails naming the role's threads field."""
+    hw = _cpu_profile(2)
+    hw["threads"] = {"rollout": 1, "actor": 1, "forward": 1}
+    cfg = _cfg(**{"resources.rollout": {"gpus": 1, "threads": 1}, "resources.actor": {"gpus": 1, "threads": 1}})
+    _sim(cfg, hw).run()  # the threads it was timed at: fine
+    two = _cfg(**{"resources.rollout": {"gpus": 1, "threads": 1}, "resources.actor": {"gpus": 1, "threads": 2}})
+    with pytest.raises(ConfigError, match=r"resources\.actor\.threads: 2, .* at 1 thread"):
+        _sim(two, hw)
+    ref = _cfg(**{"algorithm.kl_coef": 0.1, "resources.reference": {"gpus": 1, "threads": 2},
+                  "resources.rollout": {"gpus": 1, "threads": 1}, "resources.actor": {"gpus": 1, "threads": 1}})
+    with pytest.raises(ConfigError, match=r"resources\.reference\.threads: 2, .*\(forward\)"):
+        _sim(ref, hw)
+    del hw["threads"]  # a profile that does not say (a datasheet's, or one measured before the record): unchecked
+    _sim(two, hw)
 
 
 @pytest.mark.parametrize("cores", [1, 2])
