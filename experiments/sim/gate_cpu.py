@@ -49,10 +49,6 @@ RATIOS = [("async off-policy / colocate (speed-up)", ("colocate", "cpu"), ("asyn
           ("relax async / OpenRLHF emulated (speed-up)", ("async", "cpu-openrlhf"), ("async", "cpu"))]
 
 
-def config_of(key: tuple[str, str]) -> Path:
-    return ROOT / "experiments" / key[0] / f"{key[1]}.yaml"
-
-
 def threads_of(cfg) -> dict[str, int]:
     """The threads a measured profile records (relax.sim.measure.measure) for this config's work."""
     return {"rollout": cfg.resources.rollout.threads, "actor": cfg.resources.actor.threads,
@@ -61,16 +57,19 @@ def threads_of(cfg) -> dict[str, int]:
 
 def measure_profiles(out: Path) -> list[Path]:
     """One profile per distinct threads among the gate's configs, measured with the first config that runs them."""
+    from analysis.reproduce import EXPERIMENTS
     from relax.config import load_config
 
-    first: dict[tuple, Path] = {}
-    for key in GATE_RUNS.values():
-        first.setdefault(tuple(threads_of(load_config(str(config_of(key)))).values()), config_of(key))
+    first: dict[tuple, tuple[str, list[str]]] = {}
+    for name, config, overrides in EXPERIMENTS:
+        if name in GATE_RUNS:
+            first.setdefault(tuple(threads_of(load_config(str(ROOT / config), overrides)).values()),
+                             (config, overrides))
     paths = []
-    for threads, config in first.items():
+    for threads, (config, overrides) in first.items():
         paths.append(out / f"cpu-measured-{'-'.join(map(str, threads))}.yaml")
-        subprocess.run([sys.executable, "-m", "relax.cli", "profile", str(config), "--out", str(paths[-1]), "--ray"],
-                       check=True, cwd=ROOT)
+        subprocess.run([sys.executable, "-m", "relax.cli", "profile", config, *overrides, "--out", str(paths[-1]),
+                        "--ray"], check=True, cwd=ROOT)
     return paths
 
 

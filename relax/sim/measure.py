@@ -316,6 +316,7 @@ def _ray_costs(cfg: ExperimentConfig, prompt_tokens: float, reps: int = 9, cores
             small, large = G, max(16 * G, 128)
             runs = {n: [put_get(n) for _ in range(reps)] for n in (small, large)}
             if cores:
+                hand = _hand_offs(bus, rows, steps, (small, large), reps)
                 quiet = idle_cores()  # the same session at rest: what the put + fetch windows hold besides the bus
                 background = _background_cores(cfg)  # with the bus up, as in a run
         finally:
@@ -331,11 +332,13 @@ def _ray_costs(cfg: ExperimentConfig, prompt_tokens: float, reps: int = 9, cores
         return out
     # The CPU beyond the caller's wall: the machine's core-seconds in the window, less what the same session burns
     # at rest over it, less the wall (one core busy at a time is what the caller's own lane already holds).
-    extra = {n: sum(c - quiet * win - w for w, c, win in r) / len(r) for n, r in runs.items()}
+    extra = {n: sum(c - quiet * win for c, win in hand[n]) / len(hand[n]) - sizes[n] for n in (small, large)}
     prow = max((extra[large] - extra[small]) / (large - small), 0.0)
     pcall = max(extra[small] - prow * small, 0.0)
-    how = (f"relax.bus put_rows + fetch of {small} vs {large} rows: the machine's core-seconds (psutil, all "
-           f"processes, mean of {reps}) less the same session's at rest ({quiet:.3f} cores) and the wall")
+    how = (f"relax.bus put_rows by one role process and fetch by another, blocked in fetch(wait) until the put "
+           f"wakes it, of {small} vs {large} rows: the machine's core-seconds (psutil, all processes, mean of "
+           f"{reps}) less the same session's at rest ({quiet:.3f} cores) and the caller's wall (the put + fetch "
+           f"above)")
     return {**out, "bus_parallel_cpu_s": _m(pcall, f"{how}: the intercept"),
             "bus_parallel_cpu_row_s": _m(prow, f"{how}: the slope"),
             "background_cores": _m(background, f"machine-wide busy cores (psutil) of an idle session, the least of "
@@ -344,6 +347,46 @@ def _ray_costs(cfg: ExperimentConfig, prompt_tokens: float, reps: int = 9, cores
                                    "supervisor loop not included")}
 
 
+def _hand_offs(bus, rows, steps, sizes: tuple[int, int], reps: int) -> dict[int, list[tuple[float, float]]]:
+    """(machine core-seconds, window seconds) of bus hand-offs as a run's stages make them: one role process puts
+    rows, another, already blocked in fetch(wait), is woken by the put's notice and fetches them. Their processes,
+    Ray calls and wake-up are what a driver-only put + fetch leaves out (2026-12-05: ~10 ms a call more)."""
+    import ray
+
+    from relax.bus import Bus
+
+    @ray.remote(num_cpus=0)
+    class Stage:
+        def __init__(self):
+            self.bus = Bus.connect()
+
+        def put(self, k: int, n: int) -> None:
+            self.bus.put_rows(k, rows(n))
+
+        def take(self, k: int, n: int) -> int:
+            got = self.bus.fetch(k, "profile", ["response", "log_probs"], n, wait=30.0)
+            return 0 if got is None else got.size
+
+    producer, consumer = Stage.remote(), Stage.remote()
+
+    def once(n):
+        k = next(steps)
+        took = consumer.take.remote(k, n)
+        time.sleep(HAND_OFF_ARM_S)  # the consumer is blocked in its wait before the rows land, as in a run
+        t0, c0 = time.perf_counter(), machine_busy_s()
+        ray.get(producer.put.remote(k, n))
+        if (got := ray.get(took)) != n:
+            raise RuntimeError(f"relax profile: a hand-off of {n} rows delivered {got}")
+        time.sleep(SETTLE_S)
+        out = machine_busy_s() - c0, time.perf_counter() - t0
+        bus.clear(k)
+        return out
+
+    once(sizes[0])  # both processes' first calls attach to TransferQueue: not a hand-off's cost
+    return {n: [once(n) for _ in range(reps)] for n in sizes}
+
+
+HAND_OFF_ARM_S = 0.05  # how long a hand-off's consumer is given to block in fetch(wait) before the put
 SETTLE_S = 0.05  # after a bus put + fetch, how long its follow-up work may still run (its CPU window)
 BACKGROUND_WINDOWS = 5  # one-second windows of an idle session watched; the least busy one counts (as _best: another
 # process's burst only ever adds CPU; one 4 s window read 0.52 cores on 2026-12-02 against 0.15-0.21 when quiet)

@@ -549,6 +549,8 @@ def test_profile_with_ray_times_the_bus_itself():
     # The infrastructure's share of the cores: an idle session is never free (Ray, heartbeats), never the machine.
     assert 0 < costs["background_cores"]["value"] < (os.cpu_count() or 1)
     assert {"bus_parallel_cpu_s", "bus_parallel_cpu_row_s"} <= set(costs)
+    # the bus's own CPU is timed as stages use it: a put by one role process waking another's blocked fetch
+    assert "blocked in fetch(wait)" in costs["bus_parallel_cpu_s"]["source"]
     hw = _free_profile()
     hw["overheads"].update(costs)
     assert HardwareProfile.model_validate(hw).overheads.bus_call_s.value == costs["bus_call_s"]["value"]
