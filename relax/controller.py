@@ -161,6 +161,7 @@ class Controller:
         self.t_end: float | None = None  # the last step's end (set when the schedule returns)
         self.cpu_start = self.cpu_end = None  # psutil.cpu_times() at t_start and when the schedule returns
         self.procs_start = self.procs_end = None  # relax.metrics.processes snapshots at the same two points
+        self.bus_calls: dict | None = None  # each process's bus operations by kind when the schedule returns
         self.rows: dict[int, dict] = {}  # step -> its row as the sinks got it (status.json's curve)
         self.all_spans: list[dict] = []  # every span fetched so far (status.json's live busy shares)
         self.status_at = 0.0  # when status.json was last written
@@ -342,6 +343,10 @@ class Controller:
             # whole training, step 0 included, of the driver, each Ray actor class and each Ray daemon
             "cpu_by_process_per_step_s": processes.cpu_by_process(self.procs_start, self.procs_end, len(rows))
             if self.procs_start is not None and self.procs_end is not None else None,
+            # ...and the bus operations per step that went with them, by process and kind (relax.bus.Bus.calls:
+            # put, write, fetch, empty_fetch, wait), over the whole training, step 0 included
+            "bus_calls_per_step": {p: {k: round(n / len(rows), 3) for k, n in sorted(c.items())}
+                                   for p, c in self.bus_calls.items()} if self.bus_calls else None,
             # Throughput against the bound set by the slowest role: 1.0 means that role never idles.
             "pipeline_efficiency": round(slowest / step_time, 4),
             "peak_memory_mb": round(self.memory.peak / 2**20, 1),
@@ -429,6 +434,7 @@ class Controller:
                 self.t_end = max((r["end_time"] for r in self.records.values()), default=time.time())
                 self.cpu_end = psutil.cpu_times()
                 self.procs_end = processes.snapshot()
+                self.bus_calls = self.supervisor.bus_calls()
                 if error is not None and error.requested:
                     # the roles still run: the last step seen commits its version within seconds
                     account = self.supervisor.account(max(self.records, default=-1) + 1)

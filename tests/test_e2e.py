@@ -25,7 +25,7 @@ STEP_FIELDS = {"step", "wall_time_s", "step_time_s", "reward_mean", "samples", "
 SUMMARY_FIELDS = {"steps_per_hour", "tokens_per_s", "final_reward", "initial_reward", "environment",
                   "pipeline_efficiency", "trainer_wait_share", "peak_memory_mb", "samples_lost",
                   "samples_duplicated", "eval_accuracy_start", "eval_accuracy_end", "cpu_per_step_s", "host_cpu_cores",
-                  "cpu_by_process_per_step_s"}
+                  "cpu_by_process_per_step_s", "bus_calls_per_step"}
 
 
 def _read(run_dir: Path):
@@ -52,6 +52,11 @@ def _check_run(run_dir: Path, steps: int, max_staleness: int, roles: set[str], p
     by_process = summary["cpu_by_process_per_step_s"]
     assert {"driver", "ray::ActorRole", "ray::TransferQueueController"} <= set(by_process), by_process
     assert by_process["ray::ActorRole"] >= summary["cpu_per_step_s"]["actor"] * 0.9  # its spans are inside it
+    # The bus operations behind them, per process: every batch a stage takes it writes back, once
+    calls = summary["bus_calls_per_step"]
+    assert {"driver", "actor", "rollout-0"} <= set(calls), calls
+    assert calls["actor"]["fetch"] >= 1 and sum(c.get("put", 0) for p, c in calls.items() if p.startswith("rollout"))
+    assert calls["reward"]["write"] == calls["reward"]["fetch"] > 0, calls["reward"]
     lanes = {e["args"]["name"] for e in trace["traceEvents"] if e["ph"] == "M"}
     assert lanes == roles  # one lane per role in the Chrome trace
     assert (run_dir / "config.yaml").exists()

@@ -115,7 +115,11 @@ def predict(profiles: list[Path], root: Path = REFERENCE) -> list[dict]:
                "core_s_per_step": round(summ["host_cpu_cores"] * summ["mean_step_time_s"], 4)
                if summ.get("host_cpu_cores") else None,
                "core_s_by_group": group_cpu(summ.get("cpu_by_process_per_step_s")),
-               "simulated_core_s_per_step": round(sim.core_s / sim.steps, 4)}
+               "simulated_core_s_per_step": round(sim.core_s / sim.steps, 4),
+               # The bus operations a step, measured by kind over every process (summary.json bus_calls_per_step:
+               # None for runs older than the count), beside the calls the model prices, each at a put + fetch
+               "bus_calls_per_step": bus_calls(summ.get("bus_calls_per_step")),
+               "simulated_bus_calls_per_step": round(sim.bus_calls / sim.steps, 3)}
         for stat, fn in (("mean", statistics.fmean), ("median", statistics.median)):
             m, p = fn(meas), fn(pred)
             row[stat] = {"measured_s": round(m, 4), "predicted_s": round(p, 4), "error": round(p / m - 1, 4)}
@@ -139,6 +143,15 @@ def group_cpu(by_process: dict | None) -> dict | None:
     for name, v in by_process.items():
         out[next((g for g, match in GROUPS.items() if match(name)), "Ray and the rest")] += v
     return {g: round(v, 4) for g, v in out.items()}
+
+
+BUS_KINDS = ("put", "write", "fetch", "empty_fetch", "wait")
+
+
+def bus_calls(by_process: dict | None) -> dict | None:
+    if not by_process:
+        return None
+    return {k: round(sum(c.get(k, 0.0) for c in by_process.values()), 3) for k in BUS_KINDS}
 
 
 def ratios(rows: list[dict], stat: str) -> list[dict]:
@@ -175,6 +188,14 @@ def markdown(rows, rat, profiles, runs_root) -> str:
         lines.append(f"| {r['run']} | {r.get('core_s_per_step')} | "
                      + " | ".join(str(g.get(k)) for k in [*GROUPS, "Ray and the rest"])
                      + f" | {r.get('simulated_core_s_per_step')} |")
+    lines += ["", "Bus operations a step, measured over every process by kind (relax.bus.Bus.calls), beside the calls "
+              "the model prices, SIMULATED (each at a put + fetch's cost: a stage's fetch and write back are one).",
+              "", "| run | " + " | ".join(f"{k}, measured" for k in BUS_KINDS) + " | calls, SIMULATED |",
+              "|---|" + "---|" * (len(BUS_KINDS) + 1)]
+    for r in rows:
+        b = r.get("bus_calls_per_step") or {}
+        lines.append(f"| {r['run']} | " + " | ".join(str(b.get(k)) for k in BUS_KINDS)
+                     + f" | {r.get('simulated_bus_calls_per_step')} |")
     for stat in ("median", "mean"):
         lines += ["", f"| ratio of {stat} step times | measured | SIMULATED | error |", "|---|---|---|---|"]
         lines += [f"| {r['ratio']} | {r['measured']:.3f} | {r['predicted']:.3f} | {r['error']:+.1%} |"

@@ -12,6 +12,7 @@ import logging
 import threading
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 
 import ray
@@ -108,6 +109,12 @@ class Bus:
         self._puts: list[_Put] = []
         self._puts_lock = threading.Lock()
         self._sending = False
+        # This process's bus operations by kind, for summary.json's bus_calls_per_step (the simulator counts its
+        # own): put (rows in), write (fields added), fetch (a lookup that found rows), empty_fetch (one that found
+        # none: woken for rows another consumer took, or for fields not all there yet), wait (a block in the
+        # coordinator until the partition changes).
+        self.calls: Counter[str] = Counter()
+        self._calls_lock = threading.Lock()
 
     def __reduce__(self):
         # The TQ client (sockets, a loop thread) stays behind; the receiving process opens its own.
@@ -197,6 +204,7 @@ class Bus:
         if n > self.capacity_rows:
             raise ValueError(f"put_rows: {n} rows can never fit in bus.capacity_rows={self.capacity_rows}")
         put = _Put(step, rows, td, _kinds(rows), n, timeout)
+        self._count("put")  # one a call, however many of this process's puts go out together
         with self._puts_lock:
             self._puts.append(put)
             lead, self._sending = not self._sending, True
@@ -283,7 +291,12 @@ class Bus:
             left = deadline - time.monotonic()
             if batch is not None or left <= 0:
                 return batch
+            self._count("wait")
             seen = _get(self._coord.wait_changed.remote(step, seen, left, list(fields)))
+
+    def _count(self, kind: str) -> None:
+        with self._calls_lock:  # threaded actors call the bus from several threads
+            self.calls[kind] += 1
 
     def touch(self, step: int, fields: list[str] | None = None) -> None:
         """Rows of partition `step` landed with `fields`, or (None) became fetchable again (a redelivery): wake the
@@ -298,7 +311,9 @@ class Bus:
             sampling_config={"max_rows": max_rows, "group_size": self.group_size, "whole_groups": whole_groups},
         )
         if meta.size == 0:
+            self._count("empty_fetch")
             return None
+        self._count("fetch")
         data = from_tensordict(client.get_data(meta))
         return Batch(step, list(meta.global_indexes), data, meta.get_all_custom_meta())
 
@@ -312,6 +327,7 @@ class Bus:
         meta = BatchMeta(batch.indexes, [partition_id(batch.step)] * n, custom_meta=batch.row_meta)
         client = self._tq()
         client.put(data=to_tensordict(fields), metadata=meta)
+        self._count("write")
         self.touch(batch.step, list(fields))
 
     def clear(self, step: int) -> None:

@@ -531,6 +531,20 @@ class Supervisor:
         """The newest weights; waiting for them also commits the last version in the ledger."""
         return self.dcs.latest_state(min_version=self.cfg.steps)
 
+    def bus_calls(self) -> dict[str, dict[str, int]]:
+        """The bus operations by kind of the driver and of every role process still alive (summary.json
+        bus_calls_per_step; a process that died mid-run took its counts with it)."""
+        handles = {n: h for n, h in self.ctx.roles.items() if n != "rollout"}
+        handles.update({f"rollout-{i}": r.handle for i, r in self.pool.snapshot().items()})
+        asked = {n: h.bus_calls.remote() for n, h in handles.items()}
+        out = {"driver": dict(self.ctx.bus.calls)}
+        for name, ref in asked.items():
+            try:
+                out[name] = ray.get(ref, timeout=10)
+            except Exception:  # noqa: BLE001 -- a dead or removed process has no counts to give
+                continue
+        return out
+
     def account(self, version: int | None = None) -> list[int]:
         """The ledger once `version` (default: the last step's) is committed."""
         self.dcs.wait_committed(self.cfg.steps if version is None else version, timeout=60)

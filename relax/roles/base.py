@@ -87,6 +87,10 @@ class Role:
     def boot_phases(self) -> dict[str, float]:
         return self.boot.phases()
 
+    def bus_calls(self) -> dict[str, int]:
+        """This process's bus operations so far, by kind (relax.bus.Bus.calls)."""
+        return dict(self.bus.calls)
+
     def recovery_info(self, ckpt_dir: str | None = None) -> dict:
         """What a restarted instance recovered and how (the supervisor records it)."""
         return {"boot": self.boot.phases(), "boot_t0": self.boot.started()}

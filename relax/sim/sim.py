@@ -158,6 +158,7 @@ class Simulation:
                                      init=int(hw.device.per_node.value)) if hw.kind == "cpu" else None
         self.share = cost.core_share()  # of each core, what the session's background leaves the roles
         self.core_s = 0.0  # CPU profile: core-seconds the cores were held (roles' work and the bus's own CPU)
+        self.bus_calls = 0  # bus calls priced (bus_time), each at a put + fetch's cost
 
     # --- helpers ------------------------------------------------------------------------------------------
     def busy(self, role: str, seconds: float):
@@ -177,6 +178,7 @@ class Simulation:
         burn CPU besides (cost.bus_parallel_cpu): that takes a core of its own meanwhile, the caller not waiting
         (from when the caller's piece of work that makes the call starts: the model does not place the call inside
         it)."""
+        self.bus_calls += calls
         if self.cores is not None and (cpu := calls * self.cost.bus_parallel_cpu(rows)) > 0:
             self.env.process(self._bus_cpu(cpu))
         return calls * self.cost.bus_time(rows, nbytes)

@@ -332,6 +332,24 @@ def test_a_consumer_waits_only_on_the_fields_it_needs(fresh: Bus):
     assert changed(c1, needs) == c1 + 1
 
 
+def test_the_bus_counts_this_processs_operations_by_kind(fresh: Bus):
+    """Bus.calls (summary.json bus_calls_per_step): a put, a fetch that found rows, a write, a lookup that found
+    none (here: a field no one wrote) and a block in the coordinator are each counted under their own kind."""
+    before = dict(fresh.calls)
+
+    def delta():
+        return {k: n - before.get(k, 0) for k, n in fresh.calls.items() if n != before.get(k, 0)}
+
+    fresh.put_rows(7, make_rows([70, 71]))
+    assert fresh.fetch(7, "reward", ["score"], 2 * G) is None  # no row has a score yet
+    batch = fresh.fetch(7, "reward", ["response_ids"], 2 * G)
+    fresh.write(batch, {"score": torch.ones(batch.size)})
+    assert delta() == {"put": 1, "empty_fetch": 1, "fetch": 1, "write": 1}
+    assert fresh.fetch(7, "reward", ["response_ids"], 2 * G, wait=0.3) is None  # all taken: waits, finds none
+    got = delta()
+    assert got["wait"] >= 1 and got["empty_fetch"] >= 3 and (got["put"], got["fetch"], got["write"]) == (1, 1, 1)
+
+
 def test_an_idle_fetch_waits_without_polling_and_wakes_when_rows_land(fresh: Bus, monkeypatch):
     calls = []
     once = fresh._fetch_once
