@@ -33,7 +33,7 @@ from relax.config import validate
 from relax.run_folder import RunFolder, latest_runs
 from relax.sim import build
 from relax.sim.hardware import load_hardware
-from relax.sim.measure import forward_threads
+from relax.sim.measure import profile_threads
 from relax.sim.output import metrics_rows, summarize
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,12 +49,6 @@ RATIOS = [("async off-policy / colocate (speed-up)", ("colocate", "cpu"), ("asyn
           ("relax async / OpenRLHF emulated (speed-up)", ("async", "cpu-openrlhf"), ("async", "cpu"))]
 
 
-def threads_of(cfg) -> dict[str, int]:
-    """The threads a measured profile records (relax.sim.measure.measure) for this config's work."""
-    return {"rollout": cfg.resources.rollout.threads, "actor": cfg.resources.actor.threads,
-            "forward": forward_threads(cfg)}
-
-
 def measure_profiles(out: Path) -> list[Path]:
     """One profile per distinct threads among the gate's configs, measured with the first config that runs them."""
     from analysis.reproduce import EXPERIMENTS
@@ -63,7 +57,7 @@ def measure_profiles(out: Path) -> list[Path]:
     first: dict[tuple, tuple[str, list[str]]] = {}
     for name, config, overrides in EXPERIMENTS:
         if name in GATE_RUNS:
-            first.setdefault(tuple(threads_of(load_config(str(ROOT / config), overrides)).values()),
+            first.setdefault(tuple(profile_threads(load_config(str(ROOT / config), overrides)).values()),
                              (config, overrides))
     paths = []
     for threads, (config, overrides) in first.items():
@@ -74,7 +68,7 @@ def measure_profiles(out: Path) -> list[Path]:
 
 
 def profile_for(cfg, profiles: list[Path]) -> Path:
-    want = threads_of(cfg)
+    want = profile_threads(cfg)
     for p in profiles:
         if load_hardware(p).threads == want:
             return p

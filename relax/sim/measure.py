@@ -93,6 +93,12 @@ def _dcs_bandwidth(cfg: ExperimentConfig, reps: int) -> float:
     return sum(x.numel() * 4 for x in src) / _best(once, reps)
 
 
+def profile_threads(cfg: ExperimentConfig) -> dict[str, int]:
+    """The threads `measure` times each kind of work at for `cfg` (a measured profile's `threads`)."""
+    return {"rollout": cfg.resources.rollout.threads, "actor": cfg.resources.actor.threads,
+            "forward": forward_threads(cfg)}
+
+
 def forward_threads(cfg: ExperimentConfig) -> int:
     """The threads a config's log-prob forwards run at: the Reference's (the ActorFwd's when there is no
     Reference), the roles whose forwards the cost model prices; the veRL schedule's recompute on the Actor too."""
@@ -109,8 +115,8 @@ def measure(cfg: ExperimentConfig, ray_costs: bool = False, reps: int = 5) -> di
     from relax.trainers.torch_trainer import pack, token_log_probs
 
     shape = model_shape(cfg)
-    threads_r, threads_a = cfg.resources.rollout.threads, cfg.resources.actor.threads
-    threads_f = forward_threads(cfg)
+    threads = profile_threads(cfg)
+    threads_r, threads_a, threads_f = threads["rollout"], threads["actor"], threads["forward"]
     torch.set_num_threads(threads_a)
     n = 512
     a, b = torch.randn(n, n), torch.randn(n, n)
@@ -203,7 +209,7 @@ def measure(cfg: ExperimentConfig, ray_costs: bool = False, reps: int = 5) -> di
                         f"{threads_r}, actor threads {threads_a}, forward threads {threads_f}, engine call of {B} "
                         f"requests"),
         "measured": True,
-        "threads": {"rollout": threads_r, "actor": threads_a, "forward": threads_f},
+        "threads": threads,
         "device": {"peak_flops": _m(peak, f"fp32 {n}x{n} matmul, {threads_a} thread(s)"),
                    "memory_bytes": _given(64e9, "memory is not the bound on this machine"),
                    "memory_bw": _m(bw, "copy of 32 MiB into a reused buffer"),
@@ -300,19 +306,16 @@ def _ray_costs(cfg: ExperimentConfig, prompt_tokens: float, reps: int = 9, cores
                         "response": [torch.zeros(L, dtype=torch.int32)] * n, "log_probs": [torch.zeros(L)] * n}
 
             def put_get(n):
-                """(wall seconds, machine core-seconds, window seconds) of one put + fetch of n rows; the window
-                runs on for SETTLE_S so the bus's follow-up work (the coordinator's change notices) lands in it."""
+                """Wall seconds of one put + fetch of n rows by this process (the caller's time a call costs)."""
                 k, data = next(steps), rows(n)
-                t0, c0 = time.perf_counter(), machine_busy_s()
+                t0 = time.perf_counter()
                 bus.put_rows(k, data)
                 got = bus.fetch(k, "profile", ["response", "log_probs"], n)
                 t = time.perf_counter() - t0
-                time.sleep(SETTLE_S)
-                cpu, window = machine_busy_s() - c0, time.perf_counter() - t0
                 if got is None or got.size != n:
                     raise RuntimeError(f"relax profile: the bus returned {got and got.size} of {n} rows")
                 bus.clear(k)
-                return t, cpu, window
+                return t
             small, large = G, max(16 * G, 128)
             runs = {n: [put_get(n) for _ in range(reps)] for n in (small, large)}
             if cores:
@@ -321,7 +324,7 @@ def _ray_costs(cfg: ExperimentConfig, prompt_tokens: float, reps: int = 9, cores
                 background = _background_cores(cfg)  # with the bus up, as in a run
         finally:
             bus.close()
-    sizes = {n: min(w for w, _, _ in r) for n, r in runs.items()}  # the least disturbed
+    sizes = {n: min(r) for n, r in runs.items()}  # the least disturbed
     row = max((sizes[large] - sizes[small]) / (large - small), 0.0)
     call = max(sizes[small] - row * small, 0.0)
     out = {"rpc_s": _m(rpc, "Ray actor round trip, mean of 50"),
@@ -330,8 +333,8 @@ def _ray_costs(cfg: ExperimentConfig, prompt_tokens: float, reps: int = 9, cores
            "bus_bytes_per_s": _m(big.nbytes / max(t_big - t_tiny, 1e-9), "Ray put + get of 64 MiB")}
     if not cores:
         return out
-    # The CPU beyond the caller's wall: the machine's core-seconds in the window, less what the same session burns
-    # at rest over it, less the wall (one core busy at a time is what the caller's own lane already holds).
+    # The CPU beyond the caller's wall: a hand-off's machine core-seconds, less what the same session burns at rest
+    # over its window, less the put + fetch's wall (one core busy at a time is what the caller's lane already holds).
     extra = {n: sum(c - quiet * win for c, win in hand[n]) / len(hand[n]) - sizes[n] for n in (small, large)}
     prow = max((extra[large] - extra[small]) / (large - small), 0.0)
     pcall = max(extra[small] - prow * small, 0.0)
@@ -387,7 +390,7 @@ def _hand_offs(bus, rows, steps, sizes: tuple[int, int], reps: int) -> dict[int,
 
 
 HAND_OFF_ARM_S = 0.05  # how long a hand-off's consumer is given to block in fetch(wait) before the put
-SETTLE_S = 0.05  # after a bus put + fetch, how long its follow-up work may still run (its CPU window)
+SETTLE_S = 0.05  # after a bus hand-off, how long its follow-up work may still run (its CPU window)
 BACKGROUND_WINDOWS = 5  # one-second windows of an idle session watched; the least busy one counts (as _best: another
 # process's burst only ever adds CPU; one 4 s window read 0.52 cores on 2026-12-02 against 0.15-0.21 when quiet)
 
