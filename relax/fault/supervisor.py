@@ -39,6 +39,7 @@ import ray
 
 from relax.api.pool import GroupQueue, RayRolloutPool
 from relax.config import runs_megatron
+from relax.fault.checkpoint import WEIGHTS
 from relax.fault.heartbeat import exited, missed_heartbeats, wait_exited
 from relax.fault.inject import FaultInjector
 from relax.fault.redelivery import live_partitions, redeliver, waiting
@@ -598,7 +599,7 @@ class Supervisor:
     def write_report(self) -> dict:
         topo = self.dcs.topology() if getattr(self, "dcs", None) is not None else {}
         if any("disk_bytes" in e for e in self.events):
-            cold = disk_cold_reload(self.ckpt_dir / "weights.pt")
+            cold = disk_cold_reload(self.ckpt_dir / WEIGHTS)
             for e in self.events:
                 if "disk_bytes" in e and cold is not None:
                     e["disk_cold_seconds"] = cold

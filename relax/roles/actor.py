@@ -18,6 +18,7 @@ import torch
 from relax.algorithms import LossScale
 from relax.bus import StreamingLoader
 from relax.emulate import emulator
+from relax.fault.checkpoint import OPTIMIZER, write_checkpoint
 from relax.models import state_dict_cpu
 from relax.moe.fields import r3_fields
 from relax.omni.fields import input_fields
@@ -146,16 +147,11 @@ class ActorRole(ModelRole):
         every = self.cfg.health.checkpoint_every
         if self.ckpt_dir is None or not every or (k + 1) % every:
             return
-        with self.rec.span("checkpoint", step=k):
-            self.ckpt_dir.mkdir(parents=True, exist_ok=True)
-            for name, obj in (("optimizer.pt", {"version": k + 1, "optimizer": self.trainer.optimizer_state()}),
-                              ("weights.pt", state_dict_cpu(self.model))):
-                tmp = self.ckpt_dir / f".{name}.tmp"
-                torch.save(obj, tmp)
-                tmp.replace(self.ckpt_dir / name)
+        with self.rec.span("checkpoint", step=k), self._paced("checkpoint", lambda e: e.cost.checkpoint_time()):
+            write_checkpoint(self.ckpt_dir, k + 1, self.trainer.optimizer_state(), state_dict_cpu(self.model))
 
     def restore_optimizer(self) -> dict:
-        path = self.ckpt_dir / "optimizer.pt" if self.ckpt_dir else None
+        path = self.ckpt_dir / OPTIMIZER if self.ckpt_dir else None
         if path is None or not path.exists():
             return {"checkpoint_version": None}
         t0 = time.time()

@@ -22,6 +22,7 @@ import torch
 from relax.bus import WAIT_S, Batch, Bus
 from relax.config import ExperimentConfig
 from relax.fault.boot import BootClock
+from relax.fault.checkpoint import WEIGHTS
 from relax.fault.redelivery import produced
 from relax.metrics.telemetry import SpanRecorder
 
@@ -167,7 +168,7 @@ class ModelRole(Role):
         of weights from the Actor's disk checkpoint costs here, for comparison (not used)."""
         info = {f"dcs_{k}": v for k, v in self.weights.last_transfer.items()}
         info.update(boot=self.boot.phases(), boot_t0=self.boot.started())
-        path = Path(ckpt_dir or "") / "weights.pt"
+        path = Path(ckpt_dir or "") / WEIGHTS
         if ckpt_dir and path.exists():
             scratch = {n: torch.empty_like(p) for n, p in self.model.named_parameters()}
 

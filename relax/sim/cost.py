@@ -296,6 +296,17 @@ class CostModel:
             t += 2 * (dp - 1) * self.hw.links.latency_s.at(self.b)
         return t
 
+    def checkpoint_time(self) -> float:
+        """The Actor's periodic checkpoint (relax.fault.checkpoint): fp32 weights (Megatron: its master copy, plus
+        the trained low-precision weights) and Adam's two fp32 moments, the nodes of the Actor each writing its
+        share."""
+        bw = self.hw.overheads.checkpoint_bytes_per_s
+        if bw is None:
+            return 0.0
+        per_param = 4 + 8 + (self.train_bytes if self.train_bytes != 4 else 0)
+        nodes = -(-self.role_devices("actor") // self.per_node) if self.hw.kind == "gpu" else 1
+        return self.shape.total_params * per_param / (max(nodes, 1) * bw.at(self.b))
+
     def micro_batch_tokens(self) -> int:
         """Tokens the trainer takes per micro-batch across its data-parallel ranks."""
         return self.cfg.training.micro_batch_tokens * self.data_parallel()

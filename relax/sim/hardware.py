@@ -123,6 +123,9 @@ class Overheads(_Strict):
     # what dominates tiny models on a CPU. Measured by `relax profile`; absent (0) in the GPU datasheet profiles.
     train_micro_batch_s: Sourced | None = None
     forward_call_s: Sourced | None = None
+    # Bytes/s one Actor node writes its share of the periodic checkpoint (health.checkpoint_every: optimizer state and
+    # weights) at. Absent: the checkpoint costs nothing.
+    checkpoint_bytes_per_s: Sourced | None = None
 
 
 class HardwareProfile(_Strict):

@@ -9,9 +9,10 @@ What it times, for the config's model, at the config's thread counts:
 - rollout: TorchEngine.generate of one engine call (chunk_groups x group_size prompts) at two response lengths:
   the difference is the decode step (-> rollout.step_overhead_s, the bytes and FLOPs of a tiny model being
   negligible), the rest the prefill (-> efficiency.prefill); TorchEngine.sleep + wake (-> sleep_wake_fixed_s);
-- training: forward + backward of token_log_probs (relax/trainers/torch_trainer.py) on micro-batches of two
-  sizes: the slope gives train_mfu, the intercept overheads.train_micro_batch_s; log-prob forwards likewise
-  (forward_mfu, forward_call_s); an AdamW step (optimizer_bytes_per_param);
+- training: the Actor's TorchTrainer (relax/trainers/torch_trainer.py) on micro-batches of two sizes, loss and
+  backward included: the slope gives train_mfu, the intercept overheads.train_micro_batch_s; its log-prob forwards
+  likewise (forward_mfu, forward_call_s); its optimizer step (optimizer_bytes_per_param); the Actor's checkpoint
+  of the model (relax/fault/checkpoint.py: checkpoint_bytes_per_s);
 - rewards: the task's own score function per sample;
 - with --ray: a Ray actor round trip (rpc_s); the bus itself (relax.bus over TransferQueue): put_rows + fetch of
   rollout-like rows at two batch sizes, the slope per row (bus_row_s) and the intercept per call (bus_call_s); a Ray
@@ -28,7 +29,9 @@ from __future__ import annotations
 
 import os
 import platform
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 
@@ -112,7 +115,10 @@ def measure(cfg: ExperimentConfig, ray_costs: bool = False, reps: int = 5) -> di
     from relax.models import build_model
     from relax.sim.shapes import model_shape
     from relax.tasks import make_task
-    from relax.trainers.torch_trainer import pack, token_log_probs
+    from relax.algorithms import LossScale
+    from relax.fault.checkpoint import write_checkpoint
+    from relax.models import state_dict_cpu
+    from relax.trainers.torch_trainer import TorchTrainer
 
     shape = model_shape(cfg)
     threads = profile_threads(cfg)
@@ -159,25 +165,27 @@ def measure(cfg: ExperimentConfig, ray_costs: bool = False, reps: int = 5) -> di
     weight_bytes = sum(v.numel() * v.element_size() for v in state.values())
     sw_fixed = max(sw - 2 * weight_bytes / bw, 0.0)
 
-    # --- training and forwards: two micro-batch sizes -----------------------------------------------------
+    # --- training and forwards: two micro-batch sizes, through the Actor's own trainer ------------------------
     torch.set_num_threads(threads_a)
-    model.train()
+    trainer = TorchTrainer(model, tok.pad_token_id, cfg)
     resp_len = max(cfg.rollout.max_new_tokens // 2, 1)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    unit = LossScale(total_tokens=1, total_seqs=1)
 
     def rows(k):
+        """k rows as the Actor's loader hands them over: ids, and the per-token fields its loss reads."""
         ps = [torch.tensor(prompt_ids[i % len(prompt_ids)]) for i in range(k)]
-        rs = [torch.randint(3, tok.vocab_size, (resp_len,)) for _ in range(k)]
-        return pack(ps, rs, tok.pad_token_id), sum(len(p) + resp_len for p in ps), \
-            sum((len(p) + resp_len) ** 2 for p in ps)
+        per_token = {f: [torch.randn(resp_len) * 0.1 - 1.0 for _ in range(k)]
+                     for f in ("old_log_probs", "advantages", "rollout_log_probs")
+                     + ("ref_log_probs",) * (cfg.algorithm.kl_coef > 0)}
+        mb = {"prompt_ids": ps, "response_ids": [torch.randint(3, tok.vocab_size, (resp_len,)) for _ in range(k)],
+              **per_token}
+        return mb, sum(len(p) + resp_len for p in ps), sum((len(p) + resp_len) ** 2 for p in ps)
 
-    def fb(packed):
-        opt.zero_grad(set_to_none=True)
-        token_log_probs(model, packed, 1.0, precision=cfg.training.precision).sum().backward()
+    def fb(mb):
+        trainer.accumulate(mb, unit)
 
-    def fwd(packed):
-        with torch.no_grad():
-            token_log_probs(model, packed, 1.0, precision=cfg.training.precision)
+    def fwd(mb):
+        trainer.log_probs(mb["prompt_ids"], mb["response_ids"], cfg.training.micro_batch_tokens)
 
     small, big = max(cfg.rollout.group_size, 1), max(cfg.training.micro_batch_tokens // int(prompt_tokens + resp_len),
                                                      2 * cfg.rollout.group_size)
@@ -195,9 +203,27 @@ def measure(cfg: ExperimentConfig, ray_costs: bool = False, reps: int = 5) -> di
     torch.set_num_threads(threads_f)
     fmfu, f_fixed = line(fwd, 1.0)
     torch.set_num_threads(threads_a)
-    fb(p2)
-    opt_s = _best(opt.step, reps)
+
+    def optimizer_step():
+        """The Actor's optimizer step (gradient division, clipping, AdamW) on the gradients of one micro-batch."""
+        fb(p2)
+        t0 = time.perf_counter()
+        trainer.divide_grads(1.0)
+        trainer.step()
+        return time.perf_counter() - t0
+    opt_s = min(optimizer_step() for _ in range(reps))
     opt_bytes = opt_s * bw / shape.total_params
+
+    def checkpoint(folder):
+        """The Actor's periodic checkpoint of this model (relax.fault.checkpoint): its bytes over its best time."""
+        best, written = float("inf"), 0
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            written = write_checkpoint(folder, 1, trainer.optimizer_state(), state_dict_cpu(model))
+            best = min(best, time.perf_counter() - t0)
+        return written, best
+    with tempfile.TemporaryDirectory(prefix="relax-profile-") as d:
+        ck_bytes, ck_s = checkpoint(Path(d))
 
     rew = _reward_per_sample(task, reps)
 
@@ -238,11 +264,15 @@ def measure(cfg: ExperimentConfig, ray_costs: bool = False, reps: int = 5) -> di
             "bus_row_s": _given(1e-5, "a default; run with --ray"),
             "bus_bytes_per_s": _given(2e9, "a default; run with --ray"),
             "sleep_wake_fixed_s": _m(sw_fixed, "TorchEngine sleep + wake less the weight bytes at memory bandwidth"),
-            "optimizer_bytes_per_param": _m(opt_bytes, "AdamW step time x memory bandwidth / parameters"),
+            "optimizer_bytes_per_param": _m(opt_bytes, "the Actor's optimizer step (TorchTrainer: clip + AdamW) time x "
+                                                       "memory bandwidth / parameters"),
             "reward_per_sample_s": _m(rew, f"task.score ({cfg.task.name}) per sample"),
             "advantages_per_row_s": ADVANTAGES_PER_ROW,
             "train_micro_batch_s": _m(mb_fixed, "intercept of forward+backward time over micro-batch size"),
-            "forward_call_s": _m(f_fixed, "intercept of log-prob forward time over batch size")},
+            "forward_call_s": _m(f_fixed, "intercept of log-prob forward time over batch size"),
+            "checkpoint_bytes_per_s": _m(ck_bytes / ck_s, f"relax.fault.checkpoint.write_checkpoint of this model's "
+                                                          f"optimizer state and weights ({ck_bytes / 2**20:.1f} MiB) "
+                                                          f"to a temporary folder")},
         "prompt_tokens_mean": prompt_tokens,
     }
     if ray_costs:

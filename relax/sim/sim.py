@@ -393,8 +393,15 @@ class Simulation:
             self.step_extra.setdefault(k, {})["weight_sync_s"] = self.env.now - t1
         self.versions.publish(k + 1)
 
-    def end_step(self, k: int, t_start: float, wait_s: float) -> None:
+    def end_step(self, k: int, t_start: float, wait_s: float):
+        """Step k is trained (the gate learns it), then the Actor writes its periodic checkpoint, as
+        ActorRole.train_partition does after the publish."""
         self.gate.mark_trained(k)
+        every = self.cfg.health.checkpoint_every
+        if every and (k + 1) % every == 0 and (ck := self.cost.checkpoint_time()) > 0:
+            t0 = self.env.now
+            yield from self.busy("actor", ck)
+            self.span("actor", "checkpoint", k, t0)
         self.step_end[k] = self.env.now
         e = self.step_extra.setdefault(k, {})
         e["trainer_wait_s"] = e.get("trainer_wait_s", 0.0) + wait_s
@@ -436,7 +443,7 @@ class Simulation:
                 done += len(take)
                 pending_tokens -= tokens
             yield from self.finish_step(k)
-            self.end_step(k, t_start, wait)
+            yield from self.end_step(k, t_start, wait)
 
     # --- relax async ----------------------------------------------------------------------------------------
     def enter(self, r: int, k: int):
@@ -577,7 +584,7 @@ class Simulation:
             for mb in self.micro_batches(k, groups):
                 yield from self.train_micro_batch(k, mb, m)
             yield from self.finish_step(k)
-            self.end_step(k, t_start, 0.0)
+            yield from self.end_step(k, t_start, 0.0)
 
     # --- veRL one-step-off-policy (relax/schedules/verl.py) -------------------------------------------------
     def verl_trainer(self):
@@ -607,7 +614,7 @@ class Simulation:
             for mb in self.micro_batches(k, groups):
                 yield from self.train_micro_batch(k, mb, m)
             yield from self.finish_step(k)
-            self.end_step(k, t_start, wait)
+            yield from self.end_step(k, t_start, wait)
 
     def _all_load(self, step: int):
         yield self.env.all_of([self.env.process(self.load_weights(r, step))
@@ -675,7 +682,7 @@ class Simulation:
             lock.release(req)
             self.step_extra.setdefault(k, {})["weight_sync_s"] = self.env.now - t5
             self.versions.publish(k + 1)
-            self.end_step(k, t_start, queue_wait + lock_wait)
+            yield from self.end_step(k, t_start, queue_wait + lock_wait)
 
     def _ref_call(self, k, groups):
         t0 = self.env.now

@@ -88,7 +88,8 @@ def _free_profile(**eff) -> dict:
     for section in ("rollout", "overheads"):
         for name in hw[section]:
             hw[section][name] = {"value": 0.0, "source": "assumed; test"}
-    hw["overheads"]["bus_bytes_per_s"] = {"value": 1e30, "source": "assumed; test"}
+    for name in ("bus_bytes_per_s", "checkpoint_bytes_per_s"):
+        hw["overheads"][name] = {"value": 1e30, "source": "assumed; test"}
     hw["rollout"]["mem_fraction"] = {"value": 0.9, "source": "assumed; test"}
     hw["rollout"]["max_running_requests"] = {"value": 10**6, "source": "assumed; test"}
     for name in ("intra_node", "inter_node", "host"):
@@ -430,7 +431,7 @@ def test_profile_measures_a_loadable_cpu_profile(tmp_path):
              "efficiency.forward_mfu",
              "efficiency.prefill", "rollout.step_overhead_s", "overheads.sleep_wake_fixed_s",
              "overheads.optimizer_bytes_per_param", "overheads.reward_per_sample_s", "overheads.train_micro_batch_s",
-             "overheads.forward_call_s"}
+             "overheads.forward_call_s", "overheads.checkpoint_bytes_per_s"}
     # what it times says measured; a default or convention says assumed, never measured (without --ray: the
     # bus and RPC costs too), so the simulator's summary lists it under `assumed`
     not_timed = {"device.memory_bytes", "links.inter_node", "links.latency_s",
@@ -458,6 +459,24 @@ def test_colocate_pays_one_bus_call_per_stage_and_one_fetch_for_the_actor():
     assert len(sim.micro_batches(0, list(range(sim.P)))) > 1  # several micro-batches, still one fetch
     for t, t0 in zip(_step_times(sim), base):
         assert t == pytest.approx(t0 + 4 * 0.25, rel=1e-9)
+
+
+def test_the_actors_checkpoint_adds_its_bytes_over_the_nodes_write_bandwidth_every_checkpoint_every_steps():
+    """health.checkpoint_every = 2: every second step ends with the Actor writing fp32 weights, the bf16 copy Megatron
+    trains and two Adam moments (14 bytes a parameter) at checkpoint_bytes_per_s per node; the other steps are as
+    without a checkpoint (0: never)."""
+    cfg = _cfg(mode="colocate", max_staleness=0, **{"health.checkpoint_every": 2})
+    base = _step_times(_sim(_cfg(mode="colocate", max_staleness=0, **{"health.checkpoint_every": 0}),
+                            _free_profile()).run())
+    hw = _free_profile()
+    hw["overheads"]["checkpoint_bytes_per_s"] = {"value": 1e6, "source": "assumed; test"}
+    sim = _sim(cfg, hw).run()
+    nodes = -(-cfg.resources.actor.gpus // 8)
+    write = sim.cost.shape.total_params * 14 / (nodes * 1e6)
+    assert write > 0.1
+    steps = _step_times(sim)
+    for k, (t, t0) in enumerate(zip(steps, base)):
+        assert t == pytest.approx(t0 + (write if (k + 1) % 2 == 0 else 0.0), rel=1e-9), k
 
 
 def _cpu_profile(cores: int, **overheads) -> dict:
