@@ -111,9 +111,9 @@ def predict(profiles: list[Path], root: Path = REFERENCE) -> list[dict]:
                "core_s_by_group": group_cpu(summ.get("cpu_by_process_per_step_s")),
                "simulated_core_s_per_step": round(sim.core_s / sim.steps, 4),
                # The bus operations a step, measured by kind over every process (summary.json bus_calls_per_step:
-               # None for runs older than the count), beside the calls the model prices, each at a put + fetch
+               # None for runs older than the count), beside the calls the model prices by kind (relax.sim.sim)
                "bus_calls_per_step": bus_calls(summ.get("bus_calls_per_step")),
-               "simulated_bus_calls_per_step": round(sim.bus_calls / sim.steps, 3)}
+               "simulated_bus_calls_per_step": {k: round(n / sim.steps, 3) for k, n in sorted(sim.bus_calls.items())}}
         for stat, fn in (("mean", statistics.fmean), ("median", statistics.median)):
             m, p = fn(meas), fn(pred)
             row[stat] = {"measured_s": round(m, 4), "predicted_s": round(p, 4), "error": round(p / m - 1, 4)}
@@ -183,13 +183,15 @@ def markdown(rows, rat, profiles, runs_root) -> str:
                      + " | ".join(str(g.get(k)) for k in [*GROUPS, "Ray and the rest"])
                      + f" | {r.get('simulated_core_s_per_step')} |")
     lines += ["", "Bus operations a step, measured over every process by kind (relax.bus.Bus.calls), beside the calls "
-              "the model prices, SIMULATED (each at a put + fetch's cost: a stage's fetch and write back are one).",
-              "", "| run | " + " | ".join(f"{k}, measured" for k in BUS_KINDS) + " | calls, SIMULATED |",
-              "|---|" + "---|" * (len(BUS_KINDS) + 1)]
+              "the model prices, SIMULATED: calls at a put + fetch's cost each (a stage's fetch and write back are "
+              "one) and idle consumers' empty lookups (one each time a consumer idles; the engine's first idle on a "
+              "partition looks twice).",
+              "", "| run | " + " | ".join(f"{k}, measured" for k in BUS_KINDS)
+              + " | calls, SIMULATED | empty_fetch, SIMULATED |", "|---|" + "---|" * (len(BUS_KINDS) + 2)]
     for r in rows:
-        b = r.get("bus_calls_per_step") or {}
+        b, sb = r.get("bus_calls_per_step") or {}, r.get("simulated_bus_calls_per_step") or {}
         lines.append(f"| {r['run']} | " + " | ".join(str(b.get(k)) for k in BUS_KINDS)
-                     + f" | {r.get('simulated_bus_calls_per_step')} |")
+                     + f" | {sb.get('call', 0)} | {sb.get('empty_fetch', 0)} |")
     for stat in ("median", "mean"):
         lines += ["", f"| ratio of {stat} step times | measured | SIMULATED | error |", "|---|---|---|---|"]
         lines += [f"| {r['ratio']} | {r['measured']:.3f} | {r['predicted']:.3f} | {r['error']:+.1%} |"

@@ -115,6 +115,9 @@ class Bus:
         # coordinator until the partition changes).
         self.calls: Counter[str] = Counter()
         self._calls_lock = threading.Lock()
+        # The change count each consumer (thread, task, fields) last read from the coordinator, with its partition:
+        # an idle consumer blocks on it at once instead of reading the count afresh and fetching once more (fetch).
+        self._seen: dict[tuple[int, str, tuple[str, ...]], tuple[int, int]] = {}
 
     def __reduce__(self):
         # The TQ client (sockets, a loop thread) stays behind; the receiving process opens its own.
@@ -285,7 +288,12 @@ class Bus:
             raise ValueError("fetch: name at least one field")
         if max_rows < (self.group_size if whole_groups else 1):
             raise ValueError(f"fetch: max_rows={max_rows} cannot hold a row{' group' if whole_groups else ''}")
-        deadline, seen = time.monotonic() + wait, None
+        # A count read before a fetch that found nothing is safe to wait on: a change after the read makes the wait
+        # return at once. The count this thread read last for this consumer and partition came before this fetch, so
+        # the first idle wait blocks on it (none yet: read it now, then fetch once more); a stale one costs one more
+        # fetch, never a missed change. (Another thread's count could postdate this fetch: never shared.)
+        deadline, key = time.monotonic() + wait, (threading.get_ident(), task, tuple(fields))
+        seen = self._seen[key][1] if self._seen.get(key, (None,))[0] == step else None
         while True:
             batch = self._fetch_once(step, task, fields, max_rows, whole_groups)
             left = deadline - time.monotonic()
@@ -293,6 +301,7 @@ class Bus:
                 return batch
             self._count("wait")
             seen = _get(self._coord.wait_changed.remote(step, seen, left, list(fields)))
+            self._seen[key] = (step, seen)
 
     def _count(self, kind: str) -> None:
         with self._calls_lock:  # threaded actors call the bus from several threads

@@ -35,6 +35,12 @@ class Coordinator:
         self.group_size = group_size
         self.max_staleness = max_staleness
         self.changed = asyncio.Condition()
+        # Change counts outlive a reset (Bus.reset: a new run on the same bus): they only grow, so a count a consumer
+        # read in an earlier run is never taken for a later one (Bus.fetch waits on the count it read last).
+        self.changes: dict[int, int] = {}  # per partition: how many times rows landed or became fetchable again
+        # ...and per field: how many times rows landed with it (a put, a write); None: rows became fetchable again
+        # for some task whatever their fields (a redelivery). A consumer watches only the fields it needs.
+        self.field_changes: dict[int, dict[str | None, int]] = {}
         self._new_run()
 
     def _new_run(self) -> None:
@@ -42,10 +48,6 @@ class Coordinator:
         self.trained: set[int] = set()  # marked trained but above `oldest` (finished out of order)
         self.held: dict[int, int] = {}  # rows held per partition (reserved by puts, freed by release)
         self.puts = 0  # sequence number of the next put; orders rows across concurrent producers
-        self.changes: dict[int, int] = {}  # per partition: how many times rows landed or became fetchable again
-        # ...and per field: how many times rows landed with it (a put, a write); None: rows became fetchable again
-        # for some task whatever their fields (a redelivery). A consumer watches only the fields it needs.
-        self.field_changes: dict[int, dict[str | None, int]] = {}
 
     async def settings(self) -> dict:
         return {"capacity_rows": self.capacity_rows, "group_size": self.group_size, "max_staleness": self.max_staleness}

@@ -19,7 +19,7 @@ simulated trace like a measured one.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 import simpy
@@ -158,7 +158,9 @@ class Simulation:
                                      init=int(hw.device.per_node.value)) if hw.kind == "cpu" else None
         self.share = cost.core_share()  # of each core, what the session's background leaves the roles
         self.core_s = 0.0  # CPU profile: core-seconds the cores were held (roles' work and the bus's own CPU)
-        self.bus_calls = 0  # bus calls priced (bus_time), each at a put + fetch's cost
+        # Bus calls priced: "call" (bus_time: a put + fetch's cost each), "empty_fetch" (an idle consumer's lookup
+        # that found nothing, before it blocks: idle)
+        self.bus_calls: Counter[str] = Counter()
 
     # --- helpers ------------------------------------------------------------------------------------------
     def busy(self, role: str, seconds: float):
@@ -173,12 +175,12 @@ class Simulation:
         self.core_s += n * seconds / self.share
         yield self.cores.put(n)
 
-    def bus_time(self, rows: int, nbytes: float, calls: int = 1) -> float:
+    def bus_time(self, rows: int, nbytes: float, calls: int = 1, kind: str = "call") -> float:
         """The caller's seconds for `calls` bus calls of these rows. On a CPU profile the bus's other processes
         burn CPU besides (cost.bus_parallel_cpu): that takes a core of its own meanwhile, the caller not waiting
         (from when the caller's piece of work that makes the call starts: the model does not place the call inside
         it)."""
-        self.bus_calls += calls
+        self.bus_calls[kind] += calls
         if self.cores is not None and (cpu := calls * self.cost.bus_parallel_cpu(rows)) > 0:
             self.env.process(self._bus_cpu(cpu))
         return calls * self.cost.bus_time(rows, nbytes)
@@ -190,8 +192,11 @@ class Simulation:
         yield self.cores.put(1)
 
     def idle(self, ev: simpy.Event):
-        """Wait for `ev` as the engine's consumers wait (relax.bus.Bus.fetch `wait`): blocked in the bus
-        coordinator, using no core, until the producer's notice arrives -- one control RPC after the rows land."""
+        """Wait for `ev` as the engine's consumers wait (relax.bus.Bus.fetch `wait`): a lookup that finds nothing
+        (a bus call without rows: the caller waits for it, the bus's processes burn their CPU), then blocked in the
+        bus coordinator, using no core, until the producer's notice arrives -- one control RPC after the rows land.
+        (The engine's first idle on a partition looks twice; later ones once.)"""
+        yield self.env.timeout(self.bus_time(0, 0.0, kind="empty_fetch"))
         yield ev
         yield self.env.timeout(self.notice)
 

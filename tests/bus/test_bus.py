@@ -350,6 +350,31 @@ def test_the_bus_counts_this_processs_operations_by_kind(fresh: Bus):
     assert got["wait"] >= 1 and got["empty_fetch"] >= 3 and (got["put"], got["fetch"], got["write"]) == (1, 1, 1)
 
 
+def test_an_idle_consumer_blocks_on_the_count_it_read_last_one_lookup_per_wait(fresh: Bus, monkeypatch):
+    """The first time a consumer finds nothing in a partition it reads the change count, looks once more and
+    blocks; after that each idle costs one empty lookup and one block in the coordinator, not two of each (the
+    count it read on waking is still good to wait on). Rows land only after the empty lookup, from another thread."""
+    once = fresh._fetch_once
+
+    def lookup(*a):
+        got = once(*a)
+        if got is None and not timers:  # the rows land after the consumer found none
+            timers.append(threading.Timer(0.2, fresh.put_rows, args=(5, make_rows([next(groups)]))))
+            timers[-1].start()
+        return got
+    monkeypatch.setattr(fresh, "_fetch_once", lookup)
+    groups = iter([51, 52])
+    fresh.put_rows(5, make_rows([50]))
+    assert fresh.fetch(5, "reward", ["response_ids"], 2 * G).size == G
+    costs = []
+    for _ in range(2):
+        timers, before = [], dict(fresh.calls)
+        assert fresh.fetch(5, "reward", ["response_ids"], 2 * G, wait=30.0).size == G
+        timers[0].join()
+        costs.append({k: fresh.calls[k] - before.get(k, 0) for k in ("empty_fetch", "wait", "fetch")})
+    assert costs == [{"empty_fetch": 2, "wait": 2, "fetch": 1}, {"empty_fetch": 1, "wait": 1, "fetch": 1}]
+
+
 def test_an_idle_fetch_waits_without_polling_and_wakes_when_rows_land(fresh: Bus, monkeypatch):
     calls = []
     once = fresh._fetch_once

@@ -529,19 +529,19 @@ def test_a_bus_calls_parallel_cpu_takes_a_core_the_caller_does_not_wait_for(core
         assert t == pytest.approx(t0 + extra, rel=1e-9)
 
 
-def test_an_idle_consumer_holds_no_core_and_wakes_one_notice_after_the_rows_land():
-    """As relax.bus.Bus.fetch(wait=...) waits: blocked in the coordinator, not polling, so on a CPU profile every
-    core stays free while it waits; it goes on one control RPC (the producer's notice) after the event."""
-    hw = _free_profile()
-    hw["kind"] = "cpu"
-    hw["device"]["per_node"] = {"value": 2, "source": "assumed; test"}
-    hw["overheads"]["rpc_s"] = {"value": 0.125, "source": "assumed; test"}
+@pytest.mark.parametrize("lands", [2.0, 0.25])
+def test_an_idle_consumer_looks_once_then_holds_no_core_and_wakes_one_notice_after_the_rows_land(lands):
+    """As relax.bus.Bus.fetch(wait=...) waits: a lookup that finds nothing (bus_call_s, its caller holding no core;
+    the bus's processes burn bus_parallel_cpu_s on a core of their own), then blocked in the coordinator, not
+    polling: every core free while it waits. It goes on one control RPC (the producer's notice) after the rows
+    land, or after its lookup if they landed during it."""
+    hw = _cpu_profile(2, rpc_s=0.125, bus_call_s=0.5, bus_parallel_cpu_s=1.0)
     sim = _sim(_cfg(), hw, record=False)
     env, landed, seen = sim.env, sim.env.event(), []
 
     def producer():
-        yield env.timeout(2.0)
-        seen.append(sim.cores.level)  # while the consumer waits: both cores free
+        yield env.timeout(lands)
+        seen.append(sim.cores.level)  # both cores free once the bus's CPU for the lookup is done
         landed.succeed()
 
     def consumer():
@@ -551,7 +551,8 @@ def test_an_idle_consumer_holds_no_core_and_wakes_one_notice_after_the_rows_land
     env.process(producer())
     env.process(consumer())
     env.run()
-    assert seen == [2, 2.125]
+    assert seen == ([2, 2.125] if lands == 2.0 else [1, 0.625])
+    assert sim.bus_calls == {"empty_fetch": 1} and sim.core_s == pytest.approx(1.0)
 
 
 @pytest.mark.slow  # a Ray session and TransferQueue: about 30 s on 2 busy cores
