@@ -29,6 +29,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from relax.bus import PROCESSES as BUS_PROCESSES
 from relax.config import validate
 from relax.run_folder import RunFolder, latest_runs
 from relax.sim import build
@@ -124,8 +125,7 @@ def predict(profiles: list[Path], root: Path = REFERENCE) -> list[dict]:
 # How the gate groups the run's processes (relax/metrics/processes.py labels): what the model puts on the cores
 # (the roles; the bus, through the callers' wall; the background: Ray, DCS) and what it leaves off (the driver).
 GROUPS = {"roles": lambda n: n.endswith("Role"),
-          "bus": lambda n: n in ("ray::TransferQueueController", "ray::SimpleStorageUnit", "ray::Coordinator",
-                                 "ray::GroupQueue"),
+          "bus": lambda n: n in (*BUS_PROCESSES, "ray::GroupQueue"),  # with the rollout pool's claim queue
           "DCS": lambda n: n == "ray::DCSCoordinator",
           "driver": lambda n: n == "driver"}
 

@@ -20,8 +20,12 @@ os.environ.setdefault("TQ_NUM_THREADS", str(min(8, psutil.cpu_count(logical=Fals
 # timeout, a partition trained without it). A new row wakes it at once: this bounds only those checks.
 WAIT_S = 1.0
 
+# The bus's own processes, as relax.metrics.processes labels them: TransferQueue's controller and storage unit, the
+# coordinator (staleness gate, change counts). What a bus call costs beyond its caller's time runs here.
+PROCESSES = ("ray::TransferQueueController", "ray::SimpleStorageUnit", "ray::Coordinator")
+
 _HOME = {"Batch": "batch", "Bus": "bus", "StreamingLoader": "loader"}
-__all__ = [*_HOME, "WAIT_S"]
+__all__ = [*_HOME, "WAIT_S", "PROCESSES"]
 
 
 __getattr__ = lazy_getattr(__name__, _HOME)

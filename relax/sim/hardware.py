@@ -110,8 +110,8 @@ class Overheads(_Strict):
     bus_bytes_per_s: Sourced  # bus payload bandwidth
     # A CPU profile's cores are shared with the run's infrastructure (`relax profile --ray` measures both; absent: 0,
     # as on a GPU cluster, where they run on host cores the GPU work does not use): the core-seconds a bus put +
-    # fetch burns in other processes beyond its caller's wall time, per call and per row, and the busy cores of an
-    # idle session (Ray, the bus, DCS heartbeats and long polls).
+    # fetch burns in the bus's own processes (relax.bus.PROCESSES) besides its callers' time, per call and per row,
+    # and the busy cores of an idle session (Ray, the bus, DCS heartbeats and long polls).
     bus_parallel_cpu_s: Sourced | None = None
     bus_parallel_cpu_row_s: Sourced | None = None
     background_cores: Sourced | None = None

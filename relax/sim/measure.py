@@ -20,9 +20,9 @@ What it times, for the config's model, at the config's thread counts:
   keep the machine-independent default of the DESIGN notes.
 - with --ray, the run's infrastructure on the machine's cores (what a CPU profile's roles share them with): the
   machine-wide busy cores of an idle session -- Ray, the bus, the DCS coordinator and one heartbeating DCS member
-  per role process of the config (background_cores) -- and the CPU a bus put + fetch burns across all processes
-  beyond its caller's wall time (bus_parallel_cpu_s per call, bus_parallel_cpu_row_s per row: TransferQueue's
-  controller and storage and the bus coordinator working at once).
+  per role process of the config (background_cores) -- and the CPU a bus hand-off (a put waking a consumer blocked
+  in fetch) burns in the bus's own processes, TransferQueue's controller and storage and the bus coordinator
+  (bus_parallel_cpu_s per call, bus_parallel_cpu_row_s per row), its callers' own CPU being their time.
 """
 
 from __future__ import annotations
@@ -349,8 +349,7 @@ def _ray_costs(cfg: ExperimentConfig, prompt_tokens: float, reps: int = 9, cores
             small, large = G, max(16 * G, 128)
             runs = {n: [put_get(n) for _ in range(reps)] for n in (small, large)}
             if cores:
-                hand = _hand_offs(bus, rows, steps, (small, large), reps)
-                quiet = idle_cores()  # the same session at rest: what the put + fetch windows hold besides the bus
+                extra = _hand_offs(bus, rows, steps, (small, large))
                 background = _background_cores(cfg)  # with the bus up, as in a run
         finally:
             bus.close()
@@ -363,15 +362,11 @@ def _ray_costs(cfg: ExperimentConfig, prompt_tokens: float, reps: int = 9, cores
            "bus_bytes_per_s": _m(big.nbytes / max(t_big - t_tiny, 1e-9), "Ray put + get of 64 MiB")}
     if not cores:
         return out
-    # The CPU beyond the caller's wall: a hand-off's machine core-seconds, less what the same session burns at rest
-    # over its window, less the put + fetch's wall (one core busy at a time is what the caller's lane already holds).
-    extra = {n: sum(c - quiet * win for c, win in hand[n]) / len(hand[n]) - sizes[n] for n in (small, large)}
     prow = max((extra[large] - extra[small]) / (large - small), 0.0)
     pcall = max(extra[small] - prow * small, 0.0)
     how = (f"relax.bus put_rows by one role process and fetch by another, blocked in fetch(wait) until the put "
-           f"wakes it, of {small} vs {large} rows: the machine's core-seconds (psutil, all processes, mean of "
-           f"{reps}) less the same session's at rest ({quiet:.3f} cores) and the caller's wall (the put + fetch "
-           f"above)")
+           f"wakes it, of {small} vs {large} rows: the CPU time of the bus's own processes (relax.bus.PROCESSES, "
+           f"psutil) over {HAND_OFFS} hand-offs, less theirs at rest over as long")
     return {**out, "bus_parallel_cpu_s": _m(pcall, f"{how}: the intercept"),
             "bus_parallel_cpu_row_s": _m(prow, f"{how}: the slope"),
             "background_cores": _m(background, f"machine-wide busy cores (psutil) of an idle session, the least of "
@@ -380,13 +375,16 @@ def _ray_costs(cfg: ExperimentConfig, prompt_tokens: float, reps: int = 9, cores
                                    "supervisor loop not included")}
 
 
-def _hand_offs(bus, rows, steps, sizes: tuple[int, int], reps: int) -> dict[int, list[tuple[float, float]]]:
-    """(machine core-seconds, window seconds) of bus hand-offs as a run's stages make them: one role process puts
-    rows, another, already blocked in fetch(wait), is woken by the put's notice and fetches them. Their processes,
-    Ray calls and wake-up are what a driver-only put + fetch leaves out (2026-12-05: ~10 ms a call more)."""
+def _hand_offs(bus, rows, steps, sizes: tuple[int, int]) -> dict[int, float]:
+    """The bus's own processes' CPU seconds (relax.bus.PROCESSES) per hand-off as a run's stages make them: one
+    role process puts rows, another, already blocked in fetch(wait), is woken by the put's notice and fetches them.
+    Summed over HAND_OFFS hand-offs of each size, less what the same processes burn at rest over as long. The two
+    role processes' own CPU is their callers' time (bus_call_s), not counted."""
+    import psutil
     import ray
 
-    from relax.bus import Bus
+    from relax.bus import PROCESSES, Bus
+    from relax.metrics.processes import snapshot
 
     @ray.remote(num_cpus=0)
     class Stage:
@@ -401,26 +399,37 @@ def _hand_offs(bus, rows, steps, sizes: tuple[int, int], reps: int) -> dict[int,
             return 0 if got is None else got.size
 
     producer, consumer = Stage.remote(), Stage.remote()
+    me = psutil.Process()
 
-    def once(n):
+    def bus_cpu() -> float:
+        return sum(cpu for name, cpu in snapshot(me).values() if name in PROCESSES)
+
+    def once(n) -> tuple[float, float]:
+        """(bus processes' CPU, wall) from the put until the woken fetch's follow-up work is done; the consumer's
+        lookups before it blocks and the partition's clearing stay outside (a run's stage pays neither per call)."""
         k = next(steps)
         took = consumer.take.remote(k, n)
         time.sleep(HAND_OFF_ARM_S)  # the consumer is blocked in its wait before the rows land, as in a run
-        t0, c0 = time.perf_counter(), machine_busy_s()
+        t0, c0 = time.perf_counter(), bus_cpu()
         ray.get(producer.put.remote(k, n))
         if (got := ray.get(took)) != n:
             raise RuntimeError(f"relax profile: a hand-off of {n} rows delivered {got}")
         time.sleep(SETTLE_S)
-        out = machine_busy_s() - c0, time.perf_counter() - t0
+        out = bus_cpu() - c0, time.perf_counter() - t0
         bus.clear(k)
         return out
 
     once(sizes[0])  # both processes' first calls attach to TransferQueue: not a hand-off's cost
-    return {n: [once(n) for _ in range(reps)] for n in sizes}
+    busy = {n: [sum(x) for x in zip(*(once(n) for _ in range(HAND_OFFS)))] for n in sizes}
+    t0, c0 = time.perf_counter(), bus_cpu()
+    time.sleep(max(w for _, w in busy.values()))
+    rest = (bus_cpu() - c0) / (time.perf_counter() - t0)  # cores the bus's processes burn with nothing to do
+    return {n: max(cpu - rest * wall, 0.0) / HAND_OFFS for n, (cpu, wall) in busy.items()}
 
 
 HAND_OFF_ARM_S = 0.05  # how long a hand-off's consumer is given to block in fetch(wait) before the put
-SETTLE_S = 0.05  # after a bus hand-off, how long its follow-up work may still run (its CPU window)
+SETTLE_S = 0.05  # after a hand-off, how long its follow-up work may still run (its CPU window)
+HAND_OFFS = 30  # hand-offs of each size summed: a process's CPU time ticks in 10 ms
 BACKGROUND_WINDOWS = 5  # one-second windows of an idle session watched; the least busy one counts (as _best: another
 # process's burst only ever adds CPU; one 4 s window read 0.52 cores on 2026-12-02 against 0.15-0.21 when quiet)
 

@@ -569,8 +569,11 @@ def test_profile_with_ray_times_the_bus_itself():
     # The infrastructure's share of the cores: an idle session is never free (Ray, heartbeats), never the machine.
     assert 0 < costs["background_cores"]["value"] < (os.cpu_count() or 1)
     assert {"bus_parallel_cpu_s", "bus_parallel_cpu_row_s"} <= set(costs)
-    # the bus's own CPU is timed as stages use it: a put by one role process waking another's blocked fetch
+    # the bus's own CPU is timed as stages use it: a put by one role process waking another's blocked fetch, in the
+    # bus's processes (what the gate's "bus" group measures in a run), and it is never free
     assert "blocked in fetch(wait)" in costs["bus_parallel_cpu_s"]["source"]
+    assert "relax.bus.PROCESSES" in costs["bus_parallel_cpu_s"]["source"]
+    assert costs["bus_parallel_cpu_s"]["value"] + 16 * costs["bus_parallel_cpu_row_s"]["value"] > 0
     hw = _free_profile()
     hw["overheads"].update(costs)
     assert HardwareProfile.model_validate(hw).overheads.bus_call_s.value == costs["bus_call_s"]["value"]
