@@ -122,6 +122,47 @@ def test_a_waiting_mid_put_trigger_wakes_as_the_put_begins():
     asyncio.run(scenario())
 
 
+def test_a_mid_put_kill_stops_holding_the_actor_once_its_replica_has_had_no_claim_for_a_while(monkeypatch):
+    """Supervisor._released: a due mid_put kill whose replica holds no open claim for MID_PUT_RELEASE_S stops
+    holding the Actor, once; a claim in between starts the wait over; kills not due, or not mid_put, never count."""
+    from types import SimpleNamespace
+
+    from relax.fault import supervisor as sv
+
+    clock, claims = [100.0], {0: True, 1: False}
+    monkeypatch.setattr(sv.time, "time", lambda: clock[0])
+    monkeypatch.setattr(sv.ray, "get", lambda x: x)  # the fake queue answers at once
+
+    def kill(index, replica, at_step, mid_put=True):
+        return {"index": index, "spec": SimpleNamespace(mid_put=mid_put, at_step=at_step, replica=replica)}
+    queue = SimpleNamespace(open_claims=SimpleNamespace(remote=lambda replica: claims[replica]))
+    sup = SimpleNamespace(queue=queue, released=set(), claimless_since={}, injector=SimpleNamespace(
+        waiting=[kill(0, 0, 2), kill(1, 1, 2), kill(2, 1, 2, mid_put=False), kill(3, 1, 5)]))
+
+    def released(step):
+        return sv.Supervisor._released(sup, step)
+    wait = sv.MID_PUT_RELEASE_S
+    assert released(2) == []  # replica 1 has no claim: its wait starts now
+    clock[0] += wait * 0.9
+    assert released(2) == []
+    clock[0] += wait * 0.2
+    assert released(2) == [1]  # kill 0's replica holds a claim; kill 2 is not mid_put; kill 3 is not due
+    assert released(2) == []  # released once
+    claims[0] = False
+    assert released(3) == []  # kill 0's wait starts
+    claims[0] = True
+    clock[0] += wait * 0.9
+    assert released(3) == []  # a claim opens: the wait is over...
+    claims[0] = False
+    assert released(3) == []  # ...and starts again
+    clock[0] += wait * 0.9
+    assert released(3) == []  # 1.8 waits since it first started, 0.9 since the claim
+    clock[0] += wait * 0.2
+    assert released(5) == [0]  # kill 3 is due now: its wait starts
+    clock[0] += wait * 1.1
+    assert released(5) == [3]
+
+
 def test_fault_config_is_checked():
     base = ROOT / "experiments/async/cpu.yaml"
     with pytest.raises(ConfigError, match="faults.0.at_step"):
