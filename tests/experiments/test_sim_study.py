@@ -86,3 +86,26 @@ def test_staleness_sweep_puts_streaming_alone_beside_partial_rollout(tmp_path):
 
     engines = {r["engine"] for r in _staleness_series(list(rows.values()))}
     assert engines == {"16 GPUs, chunked", "16 GPUs, streaming", "16 GPUs, streaming+partial"}
+
+
+def test_the_cpu_gate_sums_bus_calls_over_processes_and_prints_them_beside_the_simulated_kinds():
+    """experiments/sim/gate_cpu.py: summary.json's bus_calls_per_step (by process) summed by kind; the bus table
+    puts the model's calls and empty lookups beside them, and every process group lands in exactly one column."""
+    from experiments.sim import gate_cpu
+
+    by_process = {"driver": {}, "reward": {"fetch": 4.0, "empty_fetch": 8.0, "wait": 8.0, "write": 4.0},
+                  "rollout-0": {"put": 4.0}, "actor": {"fetch": 1.5, "empty_fetch": 0.25, "wait": 0.25}}
+    assert gate_cpu.bus_calls(by_process) == {"put": 4.0, "write": 4.0, "fetch": 5.5, "empty_fetch": 8.25,
+                                               "wait": 8.25}
+    assert gate_cpu.bus_calls(None) is None
+    assert gate_cpu.group_cpu({"ray::ActorRole": 0.25, "ray::Coordinator": 0.125, "ray::GroupQueue": 0.0625,
+                               "ray::DCSCoordinator": 0.03125, "driver": 0.5, "gcs_server": 1.0}) == \
+        {"roles": 0.25, "bus": 0.1875, "DCS": 0.0312, "driver": 0.5, "Ray and the rest": 1.0}
+    row = {"run": "async/cpu", "median": {"measured_s": 0.5, "predicted_s": 0.45, "error": -0.1},
+           "mean": {"measured_s": 0.5, "predicted_s": 0.45, "error": -0.1}, "host_load": [1.0, 2.0],
+           "bus_calls_per_step": gate_cpu.bus_calls(by_process),
+           "simulated_bus_calls_per_step": {"call": 17.0, "empty_fetch": 3.5}}
+    rat = {"median": [], "mean": []}
+    text = gate_cpu.markdown([row], rat, [], "runs")
+    assert "| async/cpu | 4.0 | 4.0 | 5.5 | 8.25 | 8.25 | 17.0 | 3.5 |" in text
+    assert "SIMULATED" in text.splitlines()[0]
