@@ -18,7 +18,7 @@ import torch
 from relax.algorithms import LossScale
 from relax.bus import StreamingLoader
 from relax.emulate import emulator
-from relax.fault.checkpoint import OPTIMIZER, write_checkpoint
+from relax.fault.checkpoint import OPTIMIZER, checkpoint_due, write_checkpoint
 from relax.models import state_dict_cpu
 from relax.moe.fields import r3_fields
 from relax.omni.fields import input_fields
@@ -144,8 +144,7 @@ class ActorRole(ModelRole):
     def checkpoint(self, k: int) -> None:
         """Every `health.checkpoint_every` steps: the optimizer state (and the weights, to compare a disk
         reload with a DCS recovery), written atomically."""
-        every = self.cfg.health.checkpoint_every
-        if self.ckpt_dir is None or not every or (k + 1) % every:
+        if self.ckpt_dir is None or not checkpoint_due(self.cfg.health.checkpoint_every, k):
             return
         with self.rec.span("checkpoint", step=k), self._paced("checkpoint", lambda e: e.cost.checkpoint_time()):
             write_checkpoint(self.ckpt_dir, k + 1, self.trainer.optimizer_state(), state_dict_cpu(self.model))

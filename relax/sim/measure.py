@@ -112,12 +112,11 @@ def forward_threads(cfg: ExperimentConfig) -> int:
 
 def measure(cfg: ExperimentConfig, ray_costs: bool = False, reps: int = 5) -> dict:
     from relax.engines.torch_engine import TorchEngine
-    from relax.models import build_model
+    from relax.models import build_model, state_dict_cpu
     from relax.sim.shapes import model_shape
     from relax.tasks import make_task
     from relax.algorithms import LossScale
     from relax.fault.checkpoint import write_checkpoint
-    from relax.models import state_dict_cpu
     from relax.trainers.torch_trainer import TorchTrainer
 
     shape = model_shape(cfg)
@@ -214,16 +213,12 @@ def measure(cfg: ExperimentConfig, ray_costs: bool = False, reps: int = 5) -> di
     opt_s = min(optimizer_step() for _ in range(reps))
     opt_bytes = opt_s * bw / shape.total_params
 
-    def checkpoint(folder):
-        """The Actor's periodic checkpoint of this model (relax.fault.checkpoint): its bytes over its best time."""
-        best, written = float("inf"), 0
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            written = write_checkpoint(folder, 1, trainer.optimizer_state(), state_dict_cpu(model))
-            best = min(best, time.perf_counter() - t0)
-        return written, best
     with tempfile.TemporaryDirectory(prefix="relax-profile-") as d:
-        ck_bytes, ck_s = checkpoint(Path(d))
+        def checkpoint() -> int:
+            """The Actor's periodic checkpoint of this model (relax.fault.checkpoint); the bytes it wrote."""
+            return write_checkpoint(Path(d), 1, trainer.optimizer_state(), state_dict_cpu(model))
+        ck_bytes = checkpoint()
+        ck_s = _best(checkpoint, reps)
 
     rew = _reward_per_sample(task, reps)
 

@@ -26,6 +26,7 @@ import simpy
 
 from relax.bus.gate import can_start
 from relax.config import ConfigError, ExperimentConfig
+from relax.fault.checkpoint import checkpoint_due
 from relax.sim.cost import CostModel
 from relax.sim.lengths import LengthModel
 from relax.sim.live import LiveEngine
@@ -402,8 +403,7 @@ class Simulation:
         """Step k is trained (the gate learns it), then the Actor writes its periodic checkpoint, as
         ActorRole.train_partition does after the publish."""
         self.gate.mark_trained(k)
-        every = self.cfg.health.checkpoint_every
-        if every and (k + 1) % every == 0 and (ck := self.cost.checkpoint_time()) > 0:
+        if checkpoint_due(self.cfg.health.checkpoint_every, k) and (ck := self.cost.checkpoint_time()) > 0:
             t0 = self.env.now
             yield from self.busy("actor", ck)
             self.span("actor", "checkpoint", k, t0)
