@@ -173,11 +173,11 @@ class Controller:
     # --- set-up ------------------------------------------------------------------------------------------
     def start_roles(self, initial_state) -> None:
         cfg = self.cfg
-        # tq.init starts TQ's controller and then its storage, each process on one core: Telemetry's and the DCS
-        # coordinator's processes start meanwhile, on the other.
+        # TQ starts its controller and then its storage, each process on one core, on a thread of its own:
+        # Telemetry's, the DCS coordinator's and the roles' processes start meanwhile (Supervisor.start waits for TQ).
         self.telemetry = Telemetry.remote()
         dcs = Supervisor.start_dcs(cfg)
-        self.bus = Bus.start(cfg.bus, cfg.rollout.group_size, cfg.max_staleness)
+        self.bus = Bus.start(cfg.bus, cfg.rollout.group_size, cfg.max_staleness, wait=False)
         # What the supervisor and the schedule see of this run (the dicts are the controller's own).
         self.ctx = RunContext(cfg, self.run_dir, self.bus, self.telemetry, self.names, self.roles,
                               self.records, self.poll, self.colocate_extra)

@@ -17,8 +17,10 @@ from dataclasses import dataclass, field
 
 import ray
 import torch
-import transfer_queue as tq
-from transfer_queue import BatchMeta
+
+from relax.bus import eager  # noqa: F401 -- before TransferQueue: its tensordict import without torch._dynamo
+import transfer_queue as tq  # noqa: E402
+from transfer_queue import BatchMeta  # noqa: E402
 
 from relax.bus.batch import Batch, Value, rows_length, to_tensordict, from_tensordict
 from relax.bus.gate import NAME, NAMESPACE, Coordinator
@@ -104,6 +106,8 @@ class Bus:
         self.group_size = group_size
         self.capacity_rows = capacity_rows
         self._client = None
+        self._starting: threading.Thread | None = None  # Bus.start(wait=False)'s TQ start, until wait_started
+        self._start_error: BaseException | None = None
         # Group commit: puts made while this process is sending go out together as one reservation, one TQ
         # metadata request and one TQ put (each a round trip), each keeping its own sequence number.
         self._puts: list[_Put] = []
@@ -125,8 +129,12 @@ class Bus:
 
     # ---- lifecycle -------------------------------------------------------------------------------------
     @classmethod
-    def start(cls, cfg: BusConfig, group_size: int, max_staleness: int) -> Bus:
-        """Start TQ (controller with our sampler, storage) and the coordinator. Driver only, after ray.init."""
+    def start(cls, cfg: BusConfig, group_size: int, max_staleness: int, wait: bool = True) -> Bus:
+        """Start TQ (controller with our sampler, storage) and the coordinator. Driver only, after ray.init.
+
+        wait=False returns at once and TQ starts on a thread: its two processes start one after the other, each
+        importing for seconds on one core, while the caller starts other processes on the rest. Call
+        `wait_started` before any process uses TQ (this one's first TQ call waits by itself)."""
         if not ray.is_initialized():
             raise RuntimeError("Bus.start: call ray.init() first")
         if group_size < 1 or max_staleness < 0:
@@ -137,22 +145,43 @@ class Bus:
             except ValueError:
                 continue
             raise RuntimeError(f"Bus.start: {namespace}/{name} is already running; close the previous bus first")
-        t0 = time.time()
         # The coordinator's process starts while tq.init starts TQ's controller and then its storage.
         coord = Coordinator.options(name=NAME, namespace=NAMESPACE).remote(cfg.capacity_rows, group_size, max_staleness)
-        tq.init(
-            {
-                # Polling mode: a fetch with nothing ready returns at once instead of blocking the controller.
-                "controller": {"sampler": GroupSampler(), "polling_mode": True},
-                "backend": {"SimpleStorage": {"num_data_storage_units": cfg.storage_units}},
-            }
-        )
-        _get(coord.settings.remote())
-        log.info("bus started in %.1f s (capacity %d rows, group size %d, max staleness %d)",
-                 time.time() - t0, cfg.capacity_rows, group_size, max_staleness)
         bus = cls(coord, group_size, cfg.capacity_rows)
-        bus._client = tq.get_client()
+        bus._starting = threading.Thread(target=bus._start_tq, args=(cfg, max_staleness), name="bus-start",
+                                         daemon=True)
+        bus._starting.start()
+        if wait:
+            bus.wait_started()
         return bus
+
+    def _start_tq(self, cfg: BusConfig, max_staleness: int) -> None:
+        t0 = time.time()
+        try:
+            tq.init(
+                {
+                    # Polling mode: a fetch with nothing ready returns at once instead of blocking the controller.
+                    "controller": {"sampler": GroupSampler(), "polling_mode": True},
+                    "backend": {"SimpleStorage": {"num_data_storage_units": cfg.storage_units}},
+                }
+            )
+            _get(self._coord.settings.remote())
+            self._client = tq.get_client()
+        except BaseException as err:  # noqa: BLE001 -- wait_started raises it in the caller's thread
+            self._start_error = err
+            return
+        log.info("bus started in %.1f s (capacity %d rows, group size %d, max staleness %d)",
+                 time.time() - t0, cfg.capacity_rows, self.group_size, max_staleness)
+
+    def wait_started(self) -> None:
+        """Block until `start(wait=False)`'s TQ processes are up; raise what stopped them (once: later calls pass)."""
+        starting = self._starting
+        if starting is not None:
+            starting.join()
+            self._starting = None
+        err, self._start_error = self._start_error, None
+        if err is not None:
+            raise RuntimeError(f"Bus.start: TransferQueue did not start: {err}") from err
 
     @classmethod
     def connect(cls) -> Bus:
@@ -165,7 +194,11 @@ class Bus:
         return cls(coord, s["group_size"], s["capacity_rows"])
 
     def close(self) -> None:
-        """Shut down TQ and the coordinator (driver, at the end of the run)."""
+        """Shut down TQ and the coordinator (driver, at the end of the run; also after a failed start)."""
+        starting = self._starting
+        if starting is not None:
+            starting.join()  # a start still under way would leave TQ's processes behind
+            self._starting = None
         tq.close()
         self._client = None
         ray.kill(self._coord)
@@ -181,6 +214,8 @@ class Bus:
     def _tq(self):
         # Threaded actors (max_concurrency > 1) call this from several threads at once: TQ's client is
         # usable only after init() also set up its storage manager, so one thread attaches, the rest wait.
+        if self._starting is not None:
+            self.wait_started()
         with _ATTACH_LOCK:
             if self._client is None:
                 tq.init()  # no conf: attaches to the running controller

@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from transfer_queue.sampler import BaseSampler
+from relax.bus import eager  # noqa: F401 -- before TransferQueue: see relax.bus.eager
+from transfer_queue.sampler import BaseSampler  # noqa: E402
 
 PUT_KEY = "relax_put"
 ROW_KEY = "relax_row"

@@ -110,6 +110,8 @@ class Supervisor:
         replicas = self.pool.add_initial(cfg.rollout.replicas)
         ctx.roles["rollout"] = replicas[0].handle
         spares = [self.pool.add_spare() for _ in range(cfg.health.spare_rollout if self.queue is not None else 0)]
+        # The roles' processes start while TQ's do (Bus.start(wait=False)); none touches TQ before its run.
+        ctx.bus.wait_started()
         ray.get([r.ready.remote() for r in [*ctx.roles.values(), *(s.handle for s in spares)]])
         for s in spares:
             s.pid, s.status = ray.get(s.handle.pid.remote()), "SPARE"

@@ -62,7 +62,8 @@ def bus():
     from relax.cluster import RaySession
 
     with RaySession(num_cpus=8):
-        b = Bus.start(BusConfig(capacity_rows=CAPACITY), group_size=G, max_staleness=1)
+        # TQ starts on a thread (as a run's driver starts it): the module's first TQ call waits for it by itself.
+        b = Bus.start(BusConfig(capacity_rows=CAPACITY), group_size=G, max_staleness=1, wait=False)
         try:
             yield b
         finally:
@@ -521,3 +522,28 @@ def test_concurrent_puts_of_one_process_each_land_once_in_their_own_order(fresh:
             assert ids[lo:lo + G] == list(range(ids[lo], ids[lo] + G)) and ids[lo] % G == 0
         seen += ids
     assert Counter(seen) == Counter(range(threads * per * G))
+
+
+def test_a_bus_whose_tq_failed_to_start_raises_it_in_wait_started_once(monkeypatch):
+    import relax.bus.bus as bus_module
+
+    def no_controller(conf=None):
+        raise ValueError("no controller")
+
+    monkeypatch.setattr(bus_module.tq, "init", no_controller)
+    b = Bus(None, G, CAPACITY)
+    b._start_tq(BusConfig(capacity_rows=CAPACITY), max_staleness=1)  # what Bus.start(wait=False)'s thread runs
+    with pytest.raises(RuntimeError, match="TransferQueue did not start: no controller"):
+        b.wait_started()
+    b.wait_started()  # the error was the caller's once; a second wait has nothing to join or raise
+
+
+def test_the_bus_imports_tensordict_and_transferqueue_without_torchs_compiler_stack():
+    import subprocess
+
+    code = ("import sys, relax.bus.bus, torch.compiler as c; "
+            "assert 'tensordict' in sys.modules and 'transfer_queue' in sys.modules; "
+            "print('torch._dynamo' in sys.modules, 'sympy' in sys.modules, c.allow_in_graph.__module__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    # neither imported, and torch.compiler's own functions are back once tensordict is in
+    assert out.stdout.split() == ["False", "False", "torch.compiler"]
