@@ -96,7 +96,7 @@ class Study:
         if inflight == "share":
             inflight = groups_per_replica(cfg)
         opts = SimOptions(band="mid", recompute=bool(self.spec["recompute"]), stream_groups=bool(eng.get("stream")),
-                          inflight_groups=inflight)
+                          inflight_groups=inflight, packed_sequences=bool(eng.get("packed")))
         lm = length_model(cfg.task.name, cfg.rollout.max_new_tokens, knobs.length_band,
                           str(ROOT / lengths) if lengths else None)
         if knobs.length_mean is not None:

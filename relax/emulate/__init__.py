@@ -25,6 +25,7 @@ from collections import defaultdict
 from contextlib import contextmanager
 
 from relax.config import ConfigError, ExperimentConfig, validate
+from relax.trainers.budget import padded_work
 
 # The stand-in policy: as small as the char tokenizer allows (its weights are what DCS moves for real), in plain
 # torch (relax/models/native_qwen3.py): its real milliseconds weigh `compression` modelled ones, and every model
@@ -123,20 +124,27 @@ class Emulator:
     def real_len(self, modelled: int) -> int:
         return min(self.real_cap, max(1, math.ceil(modelled / self.scale)))
 
+    def seqs(self, sample_ids) -> list[float]:
+        """Modelled sequence lengths (prompt + response) of these samples, in order."""
+        return [self.prompt + self.length(s) for s in sample_ids]
+
     def work(self, sample_ids) -> tuple[float, float]:
         """(sequence tokens, sum of squared sequence lengths) of these samples, modelled."""
-        seqs = [self.prompt + self.length(s) for s in sample_ids]
+        seqs = self.seqs(sample_ids)
         return sum(seqs), sum(x * x for x in seqs)
 
     def forward_time(self, sample_ids, role: str) -> float:
-        """Modelled seconds of `role`'s log-prob forward over these samples (their media through the towers too)."""
+        """Modelled seconds of `role`'s log-prob forward over these samples (their media through the towers too),
+        cut and padded as the target's forwards would be (its micro_batch_tokens)."""
         ids = list(sample_ids)
-        return self.cost.forward_time(*self.work(ids), role, rows=len(ids))
+        padded = padded_work(self.seqs(ids), self.target.training.micro_batch_tokens)
+        return self.cost.forward_time(*self.work(ids), role, rows=len(ids), padded=padded)
 
     def train_time(self, sample_ids, k: int) -> float:
-        """Modelled seconds of one training micro-batch of these samples of partition k."""
+        """Modelled seconds of one training micro-batch of these samples of partition k (padded to its longest)."""
         ids = list(sample_ids)
-        return self.cost.train_time(*self.work(ids), self.micro_batches(k), rows=len(ids))
+        return self.cost.train_time(*self.work(ids), self.micro_batches(k), rows=len(ids),
+                                    padded=padded_work(self.seqs(ids)))
 
     def response_tokens(self, sample_ids) -> int:
         return sum(self.length(s) for s in sample_ids)

@@ -17,7 +17,7 @@ def build(cfg: ExperimentConfig, hardware, band: str = "mid", recompute: bool = 
           lengths: str | None = None, record: bool = True, length_band: str | None = None, **sim_options):
     """A ready-to-run Simulation of `cfg` on `hardware` (a profile name, YAML path or HardwareProfile).
     `length_band` takes the length model's band apart from the hardware's (default: `band`); `sim_options` are
-    SimOptions' simulator-side engine behaviours (stream_groups, inflight_groups)."""
+    SimOptions' simulator-side engine behaviours (stream_groups, inflight_groups, packed_sequences)."""
     from relax.sim.cost import CostModel, SimOptions
     from relax.sim.hardware import load_hardware
     from relax.sim.lengths import fit_run, length_model

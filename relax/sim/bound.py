@@ -5,6 +5,8 @@
   step's prefill; the pool's replicas split the work evenly (no tail, no waiting).
 - actor: training every sequence of the step (FLOPs at MFU, layout collectives, bubble) and the optimizer.
 - reference / actor_fwd: one forward over every sequence on their own devices.
+Each counts the sequences' own tokens: the padding our trainers add to a micro-batch (relax.trainers.budget) is the
+schedule's cost, not the physics'.
 A separate-pool schedule cannot beat the slowest pool; a colocated one runs them one after another on the same
 devices, so its limit is their sum (plus sleep/wake). Throughput limit = samples per step / that time.
 
@@ -47,9 +49,9 @@ def _step(sim: Simulation, step: int) -> dict:
     limits = {"rollout": sum(resp) / rate + prefill,
               "actor": c.train_time(*sim.tokens(step, every), m, rows=sim.P * sim.G) + c.optimizer_time()}
     if sim.has_ref:
-        limits["reference"] = sim.forward_time(step, every, "reference")
+        limits["reference"] = sim.forward_time(step, every, "reference", padded=False)
     if sim.has_fwd:
-        limits["actor_fwd"] = sim.forward_time(step, every, "actor_fwd")
+        limits["actor_fwd"] = sim.forward_time(step, every, "actor_fwd", padded=False)
     total, longest, s1 = sum(resp), max(resp), sim.cfg.max_staleness + 1
 
     def at_batch(b: int) -> tuple[float, int]:  # every engine at b: the rollout's work against the tail's latency

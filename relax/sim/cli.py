@@ -28,6 +28,8 @@ def register(sub) -> None:
                    "finishes, not when the engine call ends (the engine does not do this yet: issue 15)")
     p.add_argument("--inflight", type=int, metavar="GROUPS", help="simulator-side: groups one replica keeps in "
                    "its engine at once (default: rollout.chunk_groups)")
+    p.add_argument("--packed", action="store_true", help="simulator-side: the trainer packs each micro-batch's "
+                   "sequences without padding (Megatron THD); our trainers pad each to its longest row")
     p.add_argument("--search", choices=["split"], help="split: simulate every rollout:actor GPU split of the "
                    "cluster and print the fastest (writes no run folder)")
     p.add_argument("--out", default="results", help="results root (default: results)")
@@ -49,7 +51,7 @@ def main(args) -> int:
     cfg = load_config(args.config, overrides)
     hardware = args.hardware or ("h800" if cfg.profile.startswith("h800") else cfg.profile)
     opts = dict(band=args.band, recompute=args.recompute, lengths=args.lengths, length_band=args.length_band,
-                stream_groups=args.stream, inflight_groups=args.inflight)
+                stream_groups=args.stream, inflight_groups=args.inflight, packed_sequences=args.packed)
     if args.search == "split":
         return _search_split(cfg, hardware, opts, args.json)
     t0 = time.perf_counter()

@@ -35,6 +35,10 @@ class SimOptions:
     # Engine behaviour the simulator can assume beyond the config (rollout.max_inflight turns stream_groups on):
     stream_groups: bool = False  # a group lands on the bus when its last response finishes, not at the call's end
     inflight_groups: int | None = None  # groups one replica keeps in its engine at once (None: rollout.chunk_groups)
+    # Training and log-prob forwards over the sequences' own tokens, as a trainer that packs them without padding
+    # would (Megatron's THD layout under --use-dynamic-batch-size); ours pad each slice to its longest row
+    # (relax.trainers.budget), which the simulator prices unless this is set.
+    packed_sequences: bool = False
 
 
 class CostModel:
@@ -236,19 +240,27 @@ class CostModel:
         pp = self._parallel(role).pipeline
         return 1.0 + (pp - 1) / max(micro_batches, 1.0)
 
-    def train_time(self, tokens: float, sumsq: float, micro_batches_per_step: float = 1.0, rows: int = 0) -> float:
+    def train_time(self, tokens: float, sumsq: float, micro_batches_per_step: float = 1.0, rows: int = 0,
+                   padded: tuple[float, float] | None = None) -> float:
+        """One micro-batch's forward + backward over sequences of `tokens` tokens (`sumsq`: their squared lengths).
+        `padded`: the (tokens, sumsq) the trainer computes once it pads them (relax.trainers.budget.padded_work):
+        the time is theirs, the implied MFU counts only the sequences' own FLOPs."""
         passes = 4.0 if self.opt.recompute else 3.0
         mfu = self.eff["train_mfu_moe" if self.shape.moe else "train_mfu"]
-        t = self._flops(tokens, sumsq, passes, rows) / (self.role_devices("actor") * self.peak * mfu)
-        t += self.layout_comm_time(tokens, passes, "actor")
+        work = padded or (tokens, sumsq)
+        t = self._flops(*work, passes, rows) / (self.role_devices("actor") * self.peak * mfu)
+        t += self.layout_comm_time(work[0], passes, "actor")
         t = t * self.pipeline_stretch("actor", micro_batches_per_step) + self._fixed("train_micro_batch_s")
         self.acc["train_flops"] += self._flops(tokens, sumsq, 3.0, rows)
         self.acc["train_s"] += t
         return t
 
-    def forward_time(self, tokens: float, sumsq: float, role: str, rows: int = 0) -> float:
-        return self._flops(tokens, sumsq, 1.0, rows) / (self.role_devices(role) * self.peak * self.eff["forward_mfu"]) \
-            + self.layout_comm_time(tokens, 1.0, role) + self._fixed("forward_call_s")
+    def forward_time(self, tokens: float, sumsq: float, role: str, rows: int = 0,
+                     padded: tuple[float, float] | None = None) -> float:
+        """A log-prob forward by `role` over these sequences (`padded`: as in train_time)."""
+        work = padded or (tokens, sumsq)
+        return self._flops(*work, 1.0, rows) / (self.role_devices(role) * self.peak * self.eff["forward_mfu"]) \
+            + self.layout_comm_time(work[0], 1.0, role) + self._fixed("forward_call_s")
 
     def layout_comm_time(self, tokens: float, passes: float, role: str) -> float:
         """Seconds of the layout's collectives for `tokens` tokens over `passes` passes (forward 1, backward 2,

@@ -118,6 +118,7 @@ def measure(cfg: ExperimentConfig, ray_costs: bool = False, reps: int = 5) -> di
     from relax.algorithms import LossScale
     from relax.fault.checkpoint import write_checkpoint
     from relax.trainers.torch_trainer import TorchTrainer
+    from relax.trainers.budget import padded_work
 
     shape = model_shape(cfg)
     threads = profile_threads(cfg)
@@ -178,7 +179,7 @@ def measure(cfg: ExperimentConfig, ray_costs: bool = False, reps: int = 5) -> di
                      + ("ref_log_probs",) * (cfg.algorithm.kl_coef > 0)}
         mb = {"prompt_ids": ps, "response_ids": [torch.randint(3, tok.vocab_size, (resp_len,)) for _ in range(k)],
               **per_token}
-        return mb, sum(len(p) + resp_len for p in ps), sum((len(p) + resp_len) ** 2 for p in ps)
+        return mb, [len(p) + resp_len for p in ps]
 
     def fb(mb):
         trainer.accumulate(mb, unit)
@@ -188,19 +189,22 @@ def measure(cfg: ExperimentConfig, ray_costs: bool = False, reps: int = 5) -> di
 
     small, big = max(cfg.rollout.group_size, 1), max(cfg.training.micro_batch_tokens // int(prompt_tokens + resp_len),
                                                      2 * cfg.rollout.group_size)
-    (p1, tok1, sq1), (p2, tok2, sq2) = rows(small), rows(big)
+    (p1, len1), (p2, len2) = rows(small), rows(big)
 
-    def flops(t, sq, passes):
+    def flops(lengths, passes, budget):
+        """What the trainer computes: the rows cut and padded as it does (the cost model prices the same)."""
+        t, sq = padded_work(lengths, budget)
         return passes * (2.0 * shape.active_params * t + 2.0 * shape.num_layers * shape.attn_width * sq)
 
-    def line(fn, passes):
+    def line(fn, passes, budget=None):
         t1, t2 = _best(lambda: fn(p1), reps), _best(lambda: fn(p2), reps)
-        slope = max((t2 - t1) / max(flops(tok2, sq2, passes) - flops(tok1, sq1, passes), 1.0), 1e-30)
-        return min(1.0 / (slope * peak), 1.0), max(t1 - slope * flops(tok1, sq1, passes), 0.0)
+        f1, f2 = flops(len1, passes, budget), flops(len2, passes, budget)
+        slope = max((t2 - t1) / max(f2 - f1, 1.0), 1e-30)
+        return min(1.0 / (slope * peak), 1.0), max(t1 - slope * f1, 0.0)
 
-    mfu, mb_fixed = line(fb, 3.0)
+    mfu, mb_fixed = line(fb, 3.0)  # a training micro-batch is one padded slice
     torch.set_num_threads(threads_f)
-    fmfu, f_fixed = line(fwd, 1.0)
+    fmfu, f_fixed = line(fwd, 1.0, cfg.training.micro_batch_tokens)
     torch.set_num_threads(threads_a)
 
     def optimizer_step():

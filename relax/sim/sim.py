@@ -30,6 +30,7 @@ from relax.fault.checkpoint import checkpoint_due
 from relax.sim.cost import CostModel
 from relax.sim.lengths import LengthModel
 from relax.sim.live import LiveEngine
+from relax.trainers.budget import padded_work
 
 
 @dataclass
@@ -210,9 +211,16 @@ class Simulation:
         tok, sq = self.g_tok[k], self.g_sq[k]
         return sum(tok[g] for g in groups), sum(sq[g] for g in groups)
 
-    def forward_time(self, k: int, groups, role: str) -> float:
-        """`role`'s log-prob forward over these groups of partition k (their media through the towers too)."""
-        return self.cost.forward_time(*self.tokens(k, groups), role, rows=len(groups) * self.G)
+    def seqs(self, k: int, groups) -> list[float]:
+        """Sequence lengths (prompt + response) of these groups' rows of partition k, in row order."""
+        return [self.prompt + x for g in groups for x in self.resp[k][g]]
+
+    def forward_time(self, k: int, groups, role: str, padded: bool = True) -> float:
+        """`role`'s log-prob forward over these groups of partition k (their media through the towers too), cut
+        and padded as the engine's forwards do (padded=False: the sequences' own work, for the bound)."""
+        pads = padded and not self.cost.opt.packed_sequences
+        work = padded_work(self.seqs(k, groups), self.cfg.training.micro_batch_tokens) if pads else None
+        return self.cost.forward_time(*self.tokens(k, groups), role, rows=len(groups) * self.G, padded=work)
 
     def rows_bytes(self, k: int, groups) -> tuple[int, float]:
         b = self.g_bytes[k]
@@ -381,7 +389,9 @@ class Simulation:
         """One micro-batch's forward + backward; its rows were fetched before (`fetch`)."""
         t0 = self.env.now
         rows = len(groups) * self.G
-        yield from self.busy("actor", self.cost.train_time(*self.tokens(k, groups), m, rows=rows))
+        # the trainer pads a micro-batch to its longest row (unless the options assume one that packs)
+        work = None if self.cost.opt.packed_sequences else padded_work(self.seqs(k, groups))
+        yield from self.busy("actor", self.cost.train_time(*self.tokens(k, groups), m, rows=rows, padded=work))
         self.span("actor", "train_micro_batch", k, t0, rows=rows)
 
     def fetch(self, role: str, k: int, groups: list[int]):

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from relax.trainers.budget import budget_slices  # noqa: F401 -- re-exported: the trainers cut with it
+
 MEDIA_FIELDS = ("image_patches", "audio_mel", "video_frames")  # relax/omni/processor.py FIELDS
 
 
@@ -66,17 +68,3 @@ def pack(prompts: list[torch.Tensor], responses: list[torch.Tensor], pad_id: int
                 raise ValueError(f"row {i}: loss_mask has {len(loss_masks[i])} entries for {m} response tokens")
             mask[i, :m] = torch.as_tensor(loss_masks[i], dtype=torch.float32)
     return Packed(ids, attn, pos, rid, mask)
-
-
-def budget_slices(lengths: list[int], budget: int) -> list[tuple[int, int]]:
-    """Consecutive [lo, hi) slices whose padded size (rows x longest row) stays within `budget` tokens."""
-    out, lo, longest = [], 0, 0
-    for i, n in enumerate(lengths):
-        longest_next = max(longest, n)
-        if i > lo and longest_next * (i - lo + 1) > budget:
-            out.append((lo, i))
-            lo, longest_next = i, n
-        longest = longest_next
-    if lo < len(lengths):
-        out.append((lo, len(lengths)))
-    return out

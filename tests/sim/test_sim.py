@@ -22,6 +22,7 @@ from relax.sim.lengths import LengthModel, fit_mean, truncated_mean
 from relax.sim.live import LiveEngine
 from relax.sim.shapes import CHAR_VOCAB, HERE as MODELS, load_shape_file, model_shape
 from relax.sim.sim import SimGate, Simulation
+from relax.trainers.budget import budget_slices
 
 import simpy
 
@@ -459,6 +460,47 @@ def test_colocate_pays_one_bus_call_per_stage_and_one_fetch_for_the_actor():
     assert len(sim.micro_batches(0, list(range(sim.P)))) > 1  # several micro-batches, still one fetch
     for t, t0 in zip(_step_times(sim), base):
         assert t == pytest.approx(t0 + 4 * 0.25, rel=1e-9)
+
+
+def test_a_micro_batch_and_a_forward_cost_their_rows_padded_to_the_longest_as_the_trainer_pads_them():
+    """Responses of 2 or 30 tokens: each training micro-batch costs rows x its longest sequence (the torch and
+    Megatron trainers right-pad a micro-batch), each Reference forward the same per budget_slices slice, at peak x
+    MFU; the implied MFU counts only the sequences' own FLOPs, so it reads below the profile's."""
+    cfg = _cfg(mode="colocate", max_staleness=0, **{"algorithm.kl_coef": 0.1, "training.micro_batch_tokens": 96,
+                                                   "resources.reference.gpus": 1})
+    hw = _free_profile()
+    hw["device"]["peak_flops"] = {"value": 1e9, "source": "assumed; test"}
+    cost = CostModel(cfg, model_shape(cfg), HardwareProfile.model_validate(hw), SimOptions())
+    lm = LengthModel(prompt_tokens=10.0, max_new_tokens=32, empirical=[2, 30], source="test")
+    sim = Simulation(cfg, cost, lm).run()
+    s = cost.shape
+
+    def flops(lengths, passes):
+        return passes * sum(2.0 * s.active_params * x + 2.0 * s.num_layers * s.attn_width * x * x for x in lengths)
+
+    train = [sp for sp in sim.spans if sp.name == "train_micro_batch"]
+    ref = [sp for sp in sim.spans if sp.name == "ref_log_probs"]
+    padded_any = False
+    for k in range(sim.steps):
+        mbs = sim.micro_batches(k, sim.order[k])
+        for mb, sp in zip(mbs, [sp for sp in train if sp.step == k]):
+            seqs = sim.seqs(k, mb)
+            padded_any |= len(set(seqs)) > 1
+            assert sp.end - sp.start == pytest.approx(flops([max(seqs)] * len(seqs), 3.0) / 1e9, rel=1e-9)
+        seqs = sim.seqs(k, sim.order[k])
+        slices = budget_slices(seqs, 96)
+        assert len(slices) > 1
+        forward = sum(flops([max(seqs[lo:hi])] * (hi - lo), 1.0) for lo, hi in slices) / 1e9
+        [sp] = [sp for sp in ref if sp.step == k]
+        assert sp.end - sp.start == pytest.approx(forward, rel=1e-9)
+    assert padded_any
+    own = sum(flops(sim.seqs(k, sim.order[k]), 3.0) for k in range(sim.steps))
+    assert cost.acc["train_flops"] == pytest.approx(own, rel=1e-9)
+    assert cost.acc["train_flops"] / (1e9 * cost.acc["train_s"]) < 0.9  # the padding is time without useful FLOPs
+    # A trainer that packs (SimOptions.packed_sequences, `relax simulate --packed`) computes only the sequences' own FLOPs
+    packed = CostModel(cfg, model_shape(cfg), HardwareProfile.model_validate(hw), SimOptions(packed_sequences=True))
+    Simulation(cfg, packed, lm).run()
+    assert packed.acc["train_flops"] / (1e9 * packed.acc["train_s"]) == pytest.approx(1.0, rel=1e-9)
 
 
 def test_the_actors_checkpoint_adds_its_bytes_over_the_nodes_write_bandwidth_every_checkpoint_every_steps():
