@@ -14,8 +14,6 @@ from numbers import Number
 from typing import Any
 
 import torch
-
-from relax.bus import eager  # noqa: F401 -- before tensordict: see relax.bus.eager
 from tensordict import NonTensorStack, TensorDict, is_non_tensor
 
 Value = torch.Tensor | list

@@ -17,10 +17,8 @@ from dataclasses import dataclass, field
 
 import ray
 import torch
-
-from relax.bus import eager  # noqa: F401 -- before TransferQueue: its tensordict import without torch._dynamo
-import transfer_queue as tq  # noqa: E402
-from transfer_queue import BatchMeta  # noqa: E402
+import transfer_queue as tq
+from transfer_queue import BatchMeta
 
 from relax.bus.batch import Batch, Value, rows_length, to_tensordict, from_tensordict
 from relax.bus.gate import NAME, NAMESPACE, Coordinator

@@ -12,8 +12,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from relax.bus import eager  # noqa: F401 -- before TransferQueue: see relax.bus.eager
-from transfer_queue.sampler import BaseSampler  # noqa: E402
+from transfer_queue.sampler import BaseSampler
 
 PUT_KEY = "relax_put"
 ROW_KEY = "relax_row"
