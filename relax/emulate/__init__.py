@@ -128,23 +128,22 @@ class Emulator:
         """Modelled sequence lengths (prompt + response) of these samples, in order."""
         return [self.prompt + self.length(s) for s in sample_ids]
 
-    def work(self, sample_ids) -> tuple[float, float]:
-        """(sequence tokens, sum of squared sequence lengths) of these samples, modelled."""
-        seqs = self.seqs(sample_ids)
+    @staticmethod
+    def work(seqs: list[float]) -> tuple[float, float]:
+        """(sequence tokens, sum of squared sequence lengths) of these sequence lengths."""
         return sum(seqs), sum(x * x for x in seqs)
 
     def forward_time(self, sample_ids, role: str) -> float:
         """Modelled seconds of `role`'s log-prob forward over these samples (their media through the towers too),
         cut and padded as the target's forwards would be (its micro_batch_tokens)."""
-        ids = list(sample_ids)
-        padded = padded_work(self.seqs(ids), self.target.training.micro_batch_tokens)
-        return self.cost.forward_time(*self.work(ids), role, rows=len(ids), padded=padded)
+        seqs = self.seqs(sample_ids)
+        padded = padded_work(seqs, self.target.training.micro_batch_tokens)
+        return self.cost.forward_time(*self.work(seqs), role, rows=len(seqs), padded=padded)
 
     def train_time(self, sample_ids, k: int) -> float:
         """Modelled seconds of one training micro-batch of these samples of partition k (padded to its longest)."""
-        ids = list(sample_ids)
-        return self.cost.train_time(*self.work(ids), self.micro_batches(k), rows=len(ids),
-                                    padded=padded_work(self.seqs(ids)))
+        seqs = self.seqs(sample_ids)
+        return self.cost.train_time(*self.work(seqs), self.micro_batches(k), rows=len(seqs), padded=padded_work(seqs))
 
     def response_tokens(self, sample_ids) -> int:
         return sum(self.length(s) for s in sample_ids)

@@ -23,7 +23,8 @@ from torch import nn
 from relax.bus import WAIT_S
 from relax.roles.base import Role
 from relax.trainers import pad_right
-from relax.trainers.batching import budget_slices, pack
+from relax.trainers.batching import pack
+from relax.trainers.budget import budget_slices
 
 VALUE_CLIP = 0.2
 

@@ -240,6 +240,10 @@ class CostModel:
         pp = self._parallel(role).pipeline
         return 1.0 + (pp - 1) / max(micro_batches, 1.0)
 
+    def _work(self, tokens: float, sumsq: float, padded: tuple[float, float] | None) -> tuple[float, float]:
+        """What a pass computes: the padded sequences, unless the options assume a trainer that packs them."""
+        return padded if padded is not None and not self.opt.packed_sequences else (tokens, sumsq)
+
     def train_time(self, tokens: float, sumsq: float, micro_batches_per_step: float = 1.0, rows: int = 0,
                    padded: tuple[float, float] | None = None) -> float:
         """One micro-batch's forward + backward over sequences of `tokens` tokens (`sumsq`: their squared lengths).
@@ -247,7 +251,7 @@ class CostModel:
         the time is theirs, the implied MFU counts only the sequences' own FLOPs."""
         passes = 4.0 if self.opt.recompute else 3.0
         mfu = self.eff["train_mfu_moe" if self.shape.moe else "train_mfu"]
-        work = padded or (tokens, sumsq)
+        work = self._work(tokens, sumsq, padded)
         t = self._flops(*work, passes, rows) / (self.role_devices("actor") * self.peak * mfu)
         t += self.layout_comm_time(work[0], passes, "actor")
         t = t * self.pipeline_stretch("actor", micro_batches_per_step) + self._fixed("train_micro_batch_s")
@@ -258,7 +262,7 @@ class CostModel:
     def forward_time(self, tokens: float, sumsq: float, role: str, rows: int = 0,
                      padded: tuple[float, float] | None = None) -> float:
         """A log-prob forward by `role` over these sequences (`padded`: as in train_time)."""
-        work = padded or (tokens, sumsq)
+        work = self._work(tokens, sumsq, padded)
         return self._flops(*work, 1.0, rows) / (self.role_devices(role) * self.peak * self.eff["forward_mfu"]) \
             + self.layout_comm_time(work[0], 1.0, role) + self._fixed("forward_call_s")
 

@@ -218,8 +218,7 @@ class Simulation:
     def forward_time(self, k: int, groups, role: str, padded: bool = True) -> float:
         """`role`'s log-prob forward over these groups of partition k (their media through the towers too), cut
         and padded as the engine's forwards do (padded=False: the sequences' own work, for the bound)."""
-        pads = padded and not self.cost.opt.packed_sequences
-        work = padded_work(self.seqs(k, groups), self.cfg.training.micro_batch_tokens) if pads else None
+        work = padded_work(self.seqs(k, groups), self.cfg.training.micro_batch_tokens) if padded else None
         return self.cost.forward_time(*self.tokens(k, groups), role, rows=len(groups) * self.G, padded=work)
 
     def rows_bytes(self, k: int, groups) -> tuple[int, float]:
@@ -389,8 +388,7 @@ class Simulation:
         """One micro-batch's forward + backward; its rows were fetched before (`fetch`)."""
         t0 = self.env.now
         rows = len(groups) * self.G
-        # the trainer pads a micro-batch to its longest row (unless the options assume one that packs)
-        work = None if self.cost.opt.packed_sequences else padded_work(self.seqs(k, groups))
+        work = padded_work(self.seqs(k, groups))  # the trainer pads a micro-batch to its longest row
         yield from self.busy("actor", self.cost.train_time(*self.tokens(k, groups), m, rows=rows, padded=work))
         self.span("actor", "train_micro_batch", k, t0, rows=rows)
 

@@ -1,8 +1,8 @@
 """Batching shared by every trainer: prompt + response rows packed right-padded, micro-batches cut by token budget.
 
 `pack` builds the `Packed` rows the torch forward reads (`mask` 1 on the tokens to train and score: the
-response, or the rows' `loss_mask`); `budget_slices` cuts a list of rows into consecutive micro-batches
-whose padded size fits a token budget (the torch and Megatron trainers, the Critic); `media_rows` hands
+response, or the rows' `loss_mask`); `relax.trainers.budget.budget_slices` cuts a list of rows into consecutive
+micro-batches whose padded size fits a token budget (the torch and Megatron trainers, the Critic); `media_rows` hands
 the rows' media feature fields (relax/omni/) to a model's forward as per-row dicts.
 """
 
@@ -11,8 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-
-from relax.trainers.budget import budget_slices  # noqa: F401 -- re-exported: the trainers cut with it
 
 MEDIA_FIELDS = ("image_patches", "audio_mel", "video_frames")  # relax/omni/processor.py FIELDS
 

@@ -23,7 +23,8 @@ import torch
 from relax.algorithms import LossScale, aggregate, check_config, get_policy_loss, kl_penalty
 from relax.config import ExperimentConfig
 from relax.moe.replay import replay_from_batch
-from relax.trainers.batching import Packed, budget_slices, media_rows, pack, pad_right
+from relax.trainers.batching import Packed, media_rows, pack, pad_right
+from relax.trainers.budget import budget_slices
 
 
 def compute_precision(model, precision: str = "fp32"):

@@ -536,4 +536,3 @@ def test_a_bus_whose_tq_failed_to_start_raises_it_in_wait_started_once(monkeypat
     with pytest.raises(RuntimeError, match="TransferQueue did not start: no controller"):
         b.wait_started()
     b.wait_started()  # the error was the caller's once; a second wait has nothing to join or raise
-

@@ -29,7 +29,7 @@ import torch
 
 from relax.algorithms import LossScale, aggregate, check_config, get_policy_loss, kl_penalty
 from relax.trainers.megatron.convert import Parallel, QwenLayout, hf_to_megatron, megatron_to_hf, merge, shard
-from relax.trainers.batching import budget_slices
+from relax.trainers.budget import budget_slices
 
 
 def megatron_importable() -> bool:
