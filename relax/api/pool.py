@@ -23,6 +23,8 @@ import ray
 
 from relax.fault.heartbeat import healthy, wait_exited
 
+MID_PUT_HOLD_S = 30.0  # the longest an armed replica waits, held mid-put, for its kill (GroupQueue.landed)
+
 
 @ray.remote(num_cpus=0, max_concurrency=1000)
 class GroupQueue:
@@ -35,7 +37,11 @@ class GroupQueue:
         self.draining: set[int] = set()
         self.generated: dict[int, int] = defaultdict(int)  # replica -> groups it put on the bus
         self.ids = itertools.count()
-        self.put_begun: dict[int, asyncio.Event] = defaultdict(asyncio.Event)  # replica -> set as a put begins
+        # A due mid_put kill (FaultSpec.mid_put) arms its replica: the replica's next claim to land a group stops
+        # there (`landed`) until the kill comes, so the kill cuts that claim mid-put however busy the machine is.
+        self.armed: set[int] = set()
+        self.held: dict[int, asyncio.Event] = defaultdict(asyncio.Event)  # replica -> set while it is held
+        self.unhold: dict[int, asyncio.Event] = defaultdict(asyncio.Event)  # replica -> set to let it go on
 
     def _new_claim(self, replica: int, step: int, groups: list[int], maybe_put: bool) -> dict:
         cid = next(self.ids)
@@ -65,11 +71,27 @@ class GroupQueue:
             return {"stop": True}
         return {"wait": True}
 
-    async def putting(self, cid: int) -> None:
+    async def putting(self, cid: int) -> bool:
+        """The claim's first put begins: from here on a crash may leave some of its groups on the bus (maybe_put).
+        True when its replica is armed: the replica then calls `landed` once that put is on the bus."""
         c = self.claims[cid]
         c["putting"] = True
-        if (begun := self.put_begun.pop(c["replica"], None)) is not None:  # wakes wait_partly_put's waiters
-            begun.set()
+        return c["replica"] in self.armed
+
+    async def landed(self, cid: int) -> None:
+        """An armed replica's claim has its first group(s) on the bus and the rest not yet: the replica waits here,
+        cut mid-put, until it is killed (`release`) or MID_PUT_HOLD_S pass (then it goes on, and stays armed)."""
+        replica = self.claims[cid]["replica"] if cid in self.claims else None
+        if replica not in self.armed:
+            return
+        self.held[replica].set()
+        try:
+            await asyncio.wait_for(self.unhold[replica].wait(), MID_PUT_HOLD_S)
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            self.held.pop(replica, None)
+            self.unhold.pop(replica, None)
 
     async def finish(self, cid: int, groups_put: int) -> None:
         c = self.claims.pop(cid)
@@ -83,6 +105,9 @@ class GroupQueue:
             c = self.claims.pop(cid)
             self.returned[c["step"]].append((c["groups"], c["putting"]))
         self.draining.discard(replica)
+        self.armed.discard(replica)
+        if (hold := self.unhold.get(replica)) is not None:
+            hold.set()
         return len(mine)
 
     async def drain(self, replica: int) -> None:
@@ -92,16 +117,15 @@ class GroupQueue:
         """Open claims of `replica` whose put has begun: a crash now leaves some of their groups on the bus."""
         return sum(1 for c in self.claims.values() if c["replica"] == replica and c["putting"])
 
-    async def wait_partly_put(self, replica: int, timeout: float) -> int:
-        """`partly_put`, once a put of `replica` begins or `timeout` seconds pass. A fault waiting for that moment
-        (FaultSpec.mid_put) sees it as it comes: a poll at intervals misses the window of a claim whose last group lands
-        soon after its first."""
-        if not await self.partly_put(replica):
-            try:
-                await asyncio.wait_for(self.put_begun[replica].wait(), timeout)
-            except asyncio.TimeoutError:
-                pass
-        return await self.partly_put(replica)
+    async def wait_held(self, replica: int, timeout: float) -> bool:
+        """Arm `replica` and wait up to `timeout` seconds for it to be held mid-put (`landed`). True once it is:
+        then a kill of its process (FaultSpec.mid_put) cuts the held claim with some groups on the bus, not all."""
+        self.armed.add(replica)
+        try:
+            await asyncio.wait_for(self.held[replica].wait(), timeout)
+        except asyncio.TimeoutError:
+            pass
+        return replica in self.held and self.held[replica].is_set()
 
     async def open_claims(self, replica: int) -> int:
         return sum(1 for c in self.claims.values() if c["replica"] == replica)

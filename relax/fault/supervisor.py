@@ -51,7 +51,7 @@ from relax.schedules.context import RunContext
 from relax.weights import DCS
 
 log = logging.getLogger(__name__)
-MID_PUT_WAIT_S = 0.1  # a due mid_put kill waits this long a tick for its replica's next put (wait_partly_put)
+MID_PUT_WAIT_S = 0.1  # a due mid_put kill waits this long a tick for its replica to be held mid-put (wait_held)
 MID_PUT_RELEASE_S = 1.0  # ... and holds the Actor while its replica has had an open claim within this long (_released)
 
 
@@ -176,7 +176,7 @@ class Supervisor:
             rep = self.pool.replicas.get(spec.replica)
             if rep is None or rep.status != "ACTIVE":
                 return None
-            if spec.mid_put and not ray.get(self.queue.wait_partly_put.remote(spec.replica, MID_PUT_WAIT_S)):
+            if spec.mid_put and not ray.get(self.queue.wait_held.remote(spec.replica, MID_PUT_WAIT_S)):
                 return None
             return rep.pid
         return self.pids.get(spec.role)

@@ -201,13 +201,13 @@ class RolloutRole(ModelRole):
 
     def claim_put(self, claim: dict):
         """`put(rows)` for the rows of one claim: the first put tells the GroupQueue that from here on a crash
-        may leave some of the claim's groups on the bus (maybe_put)."""
-        putting = []
+        may leave some of the claim's groups on the bus (maybe_put). A replica a mid_put kill has armed stops after
+        that first put, cut mid-put, until the kill comes (GroupQueue.landed)."""
+        first = []
 
         def put(rows):
-            if not putting:
-                ray.get(self.queue.putting.remote(claim["cid"]))
-                putting.append(True)
+            if not first:
+                first.append(ray.get(self.queue.putting.remote(claim["cid"])))
             try:
                 self.bus.put_rows(claim["step"], rows)
             except PartitionTrained:
@@ -215,6 +215,9 @@ class RolloutRole(ModelRole):
                 # a partition that lacks these groups): these rows would be duplicates; drop them.
                 if not claim["maybe_put"]:
                     raise
+            if first[0]:
+                first[0] = False
+                ray.get(self.queue.landed.remote(claim["cid"]))
 
         return put
 

@@ -101,23 +101,41 @@ def test_group_queue_never_hands_out_a_partition_past_the_run():
     assert run(q.claim(1, upto=2)) == {"stop": True}
 
 
-def test_a_waiting_mid_put_trigger_wakes_as_the_put_begins():
-    """GroupQueue.wait_partly_put: at once when a claim is already partly put, at the put's start when one begins
-    while it waits (not at the end of its timeout), and after the timeout with 0 when none does."""
-    q = GroupQueue.__ray_actor_class__(steps=2, prompts_per_step=4, chunk_groups=2)
+def test_an_armed_replica_is_held_mid_put_until_its_kill_releases_it(monkeypatch):
+    """GroupQueue.wait_held arms a replica: its next claim's first put reports it (`putting` is True), and `landed`
+    then holds it there, cut mid-put, until `release` (its death) or MID_PUT_HOLD_S; other replicas never wait."""
+    from relax.api import pool
+
+    q = GroupQueue.__ray_actor_class__(steps=2, prompts_per_step=8, chunk_groups=2)
 
     async def scenario():
         a, b = await q.claim(0, upto=0), await q.claim(1, upto=0)
+        assert await q.putting(b["cid"]) is False  # nothing armed: no hold, no extra call
         t0 = time.monotonic()
-        assert await q.wait_partly_put(1, 0.05) == 0 and time.monotonic() - t0 >= 0.05
-        waiter = asyncio.ensure_future(q.wait_partly_put(1, 30.0))
-        await asyncio.sleep(0.05)
-        await q.putting(a["cid"])  # replica 0's put does not wake replica 1's trigger
-        await asyncio.sleep(0.05)
-        assert not waiter.done()
-        await q.putting(b["cid"])
-        assert await asyncio.wait_for(waiter, 5.0) == 1
-        assert await q.wait_partly_put(1, 30.0) == 1  # already partly put: no wait
+        assert await q.wait_held(1, 0.05) is False and time.monotonic() - t0 >= 0.05
+        waiter = asyncio.ensure_future(q.wait_held(1, 30.0))
+        assert await q.putting(a["cid"]) is False  # replica 0 is not armed
+        await asyncio.wait_for(q.landed(a["cid"]), 1.0)
+        c = await q.claim(1, upto=0)
+        assert await q.putting(c["cid"]) is True
+        held = asyncio.ensure_future(q.landed(c["cid"]))
+        assert await asyncio.wait_for(waiter, 5.0) is True
+        assert await q.wait_held(1, 30.0) is True and not held.done()  # still held: the kill can come any time
+        assert await q.partly_put(1) == 2  # both claims of replica 1 have begun putting
+        assert await q.release(1) == 2
+        await asyncio.wait_for(held, 1.0)  # its death lets the hold go
+        d = await q.claim(1, upto=0)
+        assert await q.putting(d["cid"]) is False  # released: no longer armed
+
+        monkeypatch.setattr(pool, "MID_PUT_HOLD_S", 0.05)
+        assert await q.wait_held(0, 0.01) is False
+        e = await q.claim(0, upto=1)
+        assert await q.putting(e["cid"]) is True
+        t0 = time.monotonic()
+        await asyncio.wait_for(q.landed(e["cid"]), 5.0)  # no kill came: it goes on after the hold...
+        assert time.monotonic() - t0 >= 0.05
+        f = await q.claim(0, upto=1)
+        assert await q.putting(f["cid"]) is True  # ...and stays armed for its next claim
 
     asyncio.run(scenario())
 
