@@ -5,8 +5,8 @@
 A fault fires once the Actor has finished `at_step` steps, plus `after_s` seconds (a rollout kill with
 `mid_put: true` then also waits for the replica to have put part of a claim: the GroupQueue holds the replica after
 the claim's first put until the kill lands, so the claim is cut between its first put and its end by design, not by
-luck). The step is the Actor's own counter (it tells Telemetry as it starts each step), and the Actor does not start step
-at_step + 1 before the fault has fired (ActorRole.await_faults): a fault lands in the step it names, however late
+luck). The step is the Actor's own counter (it tells Telemetry as it starts each step), and the Actor does not start
+step at_step + 1 before the fault has fired (ActorRole.await_faults): a fault lands in the step it names, however late
 the driver looks. The one exception is a mid_put kill whose replica has had no claim for a second: the gate holds
 the rollout while the Actor waits, so that moment could not come; it fires at the replica's next put instead.
   kill   SIGKILL of the role's process (no cleanup, no goodbye: the real thing)
