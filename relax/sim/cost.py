@@ -366,7 +366,8 @@ class CostModel:
 
     def core_share(self) -> float:
         """The share of a CPU profile's cores left to the roles by the idle session's background (Ray, the bus,
-        DCS heartbeats): every piece of role work takes 1 / core_share() of its time. 1 on a GPU profile."""
+        DCS heartbeats): role work on fewer than every core takes 1 / core_share() of its time (Simulation.stretch).
+        1 on a GPU profile."""
         if self.hw.kind != "cpu":
             return 1.0
         return max(1.0 - self._fixed("background_cores") / max(self.per_node, 1), 0.05)

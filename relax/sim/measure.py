@@ -23,14 +23,18 @@ What it times, for the config's model, at the config's thread counts:
   per role process of the config (background_cores) -- and the CPU a bus hand-off (a put waking a consumer blocked
   in fetch) burns in the bus's own processes, TransferQueue's controller and storage and the bus coordinator
   (bus_parallel_cpu_s per call, bus_parallel_cpu_row_s per row), its callers' own CPU being their time.
+- with --ray, everything above is timed inside that idle session, beside the background a run's work meets, and
+  every time is the median of its repetitions (`_typical`): the cost model predicts a typical step.
 """
 
 from __future__ import annotations
 
 import os
 import platform
+import statistics
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -41,13 +45,23 @@ from relax.config import ExperimentConfig
 DCS_MB = 64  # the weights `relax profile` moves through DCS to time it
 
 
-def _best(fn, reps: int = 5) -> float:
-    times = []
+def _typical(fn, reps: int = 5) -> float:
+    """Seconds of `fn`, the median of `reps` repetitions. Not the least: with --ray the work is timed beside a run's
+    own background (idle_session), whose wake-ups a run's work pays too -- the least repetition is the one they
+    missed (2-thread engine calls and micro-batches read 10-16% above their least in one, 2026-12-06)."""
+    return _typicals([fn], reps)[0]
+
+
+def _typicals(fns: list, reps: int = 5) -> list[float]:
+    """`_typical` of each of `fns`, their repetitions interleaved: the two ends of a line (a slope and intercept
+    from two sizes) see the same drift of a shared machine, not one end its quiet minute and the other its busy."""
+    times: list[list[float]] = [[] for _ in fns]
     for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)  # the least-disturbed repetition: other processes only ever add time
+        for fn, t in zip(fns, times):
+            t0 = time.perf_counter()
+            fn()
+            t.append(time.perf_counter() - t0)
+    return [statistics.median(t) for t in times]
 
 
 def machine_busy_s() -> float:
@@ -93,7 +107,7 @@ def _dcs_bandwidth(cfg: ExperimentConfig, reps: int) -> float:
         t.join()
 
     once()  # makes the pair's group (reused by every later transfer, as DCS does)
-    return sum(x.numel() * 4 for x in src) / _best(once, reps)
+    return sum(x.numel() * 4 for x in src) / _typical(once, reps)
 
 
 def profile_threads(cfg: ExperimentConfig) -> dict[str, int]:
@@ -111,6 +125,21 @@ def forward_threads(cfg: ExperimentConfig) -> int:
 
 
 def measure(cfg: ExperimentConfig, ray_costs: bool = False, reps: int = 5) -> dict:
+    """The profile. With `ray_costs` every number is timed inside a session of `cfg` left idle (`_session`, then
+    `idle_session`), beside the background a run's work shares the cores with: two-thread engine calls and training
+    micro-batches ran 17-33% slower there than alone (medians, alternating A/B/A/B, 2026-12-06), one-thread ones
+    within the noise (threads held on every core stall at each other's interruptions), so alone they would be priced
+    too fast."""
+    if not ray_costs:
+        return _work(cfg, reps)
+    with _session(cfg) as bus, idle_session(cfg):
+        prof = _work(cfg, reps)
+        prof["overheads"].update(_ray_costs(cfg, bus, prof["prompt_tokens_mean"], reps))
+    return prof
+
+
+def _work(cfg: ExperimentConfig, reps: int) -> dict:
+    """Everything but the Ray and bus costs: the device, the DCS link, the engine, the trainer, the rewards."""
     from relax.engines.torch_engine import TorchEngine
     from relax.models import build_model, state_dict_cpu
     from relax.sim.shapes import model_shape
@@ -126,10 +155,10 @@ def measure(cfg: ExperimentConfig, ray_costs: bool = False, reps: int = 5) -> di
     torch.set_num_threads(threads_a)
     n = 512
     a, b = torch.randn(n, n), torch.randn(n, n)
-    peak = 2 * n ** 3 / _best(lambda: torch.mm(a, b), reps * 4)
+    peak = 2 * n ** 3 / _typical(lambda: torch.mm(a, b), reps * 4)
     src, dst = torch.randn(32 * 2**20 // 4), torch.empty(32 * 2**20 // 4)
     dst.copy_(src)
-    bw = 2 * src.numel() * 4 / _best(lambda: dst.copy_(src), reps * 2)
+    bw = 2 * src.numel() * 4 / _typical(lambda: dst.copy_(src), reps * 2)
 
     dcs_bw = _dcs_bandwidth(cfg, reps)
 
@@ -147,8 +176,7 @@ def measure(cfg: ExperimentConfig, ray_costs: bool = False, reps: int = 5) -> di
     tok.eos_token_id = -1  # every response runs to max_new_tokens: the step count is known
     try:
         short, long = 2, max(cfg.rollout.max_new_tokens, 8) * 2
-        t_short = _best(lambda: engine.generate(batch, short), reps)
-        t_long = _best(lambda: engine.generate(batch, long), reps)
+        t_short, t_long = _typicals([lambda: engine.generate(batch, short), lambda: engine.generate(batch, long)], reps)
     finally:
         tok.eos_token_id = eos
     step = max((t_long - t_short) / (long - short), 1e-6)
@@ -161,7 +189,7 @@ def measure(cfg: ExperimentConfig, ray_costs: bool = False, reps: int = 5) -> di
     def sleep_wake():
         engine.sleep()
         engine.wake(state, 0)
-    sw = _best(sleep_wake, reps)
+    sw = _typical(sleep_wake, reps)
     weight_bytes = sum(v.numel() * v.element_size() for v in state.values())
     sw_fixed = max(sw - 2 * weight_bytes / bw, 0.0)
 
@@ -197,7 +225,7 @@ def measure(cfg: ExperimentConfig, ray_costs: bool = False, reps: int = 5) -> di
         return passes * (2.0 * shape.active_params * t + 2.0 * shape.num_layers * shape.attn_width * sq)
 
     def line(fn, passes, budget=None):
-        t1, t2 = _best(lambda: fn(p1), reps), _best(lambda: fn(p2), reps)
+        t1, t2 = _typicals([lambda: fn(p1), lambda: fn(p2)], reps)
         f1, f2 = flops(len1, passes, budget), flops(len2, passes, budget)
         slope = max((t2 - t1) / max(f2 - f1, 1.0), 1e-30)
         return min(1.0 / (slope * peak), 1.0), max(t1 - slope * f1, 0.0)
@@ -222,7 +250,7 @@ def measure(cfg: ExperimentConfig, ray_costs: bool = False, reps: int = 5) -> di
             """The Actor's periodic checkpoint of this model (relax.fault.checkpoint); the bytes it wrote."""
             return write_checkpoint(Path(d), 1, trainer.optimizer_state(), state_dict_cpu(model))
         ck_bytes = checkpoint()
-        ck_s = _best(checkpoint, reps)
+        ck_s = _typical(checkpoint, reps)
 
     rew = _reward_per_sample(task, reps)
 
@@ -274,15 +302,13 @@ def measure(cfg: ExperimentConfig, ray_costs: bool = False, reps: int = 5) -> di
                                                           f"to a temporary folder")},
         "prompt_tokens_mean": prompt_tokens,
     }
-    if ray_costs:
-        prof["overheads"].update(_ray_costs(cfg, prompt_tokens, reps))
     return prof
 
 
 def _reward_per_sample(task, reps: int) -> float:
     """Seconds of the task's own score function per sample, over a few answers right and wrong."""
     texts = ["12", "7", "abc", "3 + 4 = 7"]
-    return _best(lambda: [task.score(task[i % 64], texts[i % 4]) for i in range(64)], reps) / 64
+    return _typical(lambda: [task.score(task[i % 64], texts[i % 4]) for i in range(64)], reps) / 64
 
 
 def host_overheads(cfg: ExperimentConfig, reps: int = 5) -> dict:
@@ -295,64 +321,73 @@ def host_overheads(cfg: ExperimentConfig, reps: int = 5) -> dict:
     out = {"reward_per_sample_s": _m(_reward_per_sample(make_task(cfg.task, cfg.seed, "train"), reps),
                                      f"task.score ({cfg.task.name}) per sample"),
            "advantages_per_row_s": ADVANTAGES_PER_ROW}
-    out.update(_ray_costs(cfg, prompt_tokens(cfg), reps, cores=False))
+    with _session(cfg) as bus:
+        out.update(_ray_costs(cfg, bus, prompt_tokens(cfg), reps, cores=False))
     return out
 
 
-def _ray_costs(cfg: ExperimentConfig, prompt_tokens: float, reps: int = 9, cores: bool = True) -> dict:
-    """Ray and bus costs; `cores`: also the CPU the bus burns in other processes and an idle session's busy
-    cores (what a CPU profile's roles share the machine with; ~10 s more)."""
-    import numpy as np
-    import ray
-
+@contextmanager
+def _session(cfg: ExperimentConfig):
+    """A private Ray session with the bus up (relax.bus over TransferQueue), as a run has them; yields the bus."""
     from relax.bus import Bus
     from relax.cluster import RaySession
     from relax.config import BusConfig
 
     with RaySession(num_cpus=max(2, os.cpu_count() or 1)):
-        @ray.remote(num_cpus=0)
-        class Echo:
-            def ping(self):
-                return 0
-
-        e = Echo.remote()
-        ray.get(e.ping.remote())
-        rpc = _best(lambda: [ray.get(e.ping.remote()) for _ in range(50)], 3) / 50
-        big = np.zeros(64 * 2**20, np.uint8)
-        t_big = _best(lambda: ray.get(ray.put(big)), 3)
-        t_tiny = _best(lambda: ray.get(ray.put(np.zeros(256, np.uint8))), 20)
-        # The bus itself (TransferQueue, our sampler, the gate), as the roles use it: a put of rollout rows, then
-        # a fetch of them by one task. Two batch sizes: the slope is the per-row cost, the intercept the per-call
-        # cost that every service pays once per batch however few rows it carries.
         bus = Bus.start(BusConfig(capacity_rows=4096), group_size=cfg.rollout.group_size, max_staleness=0)
         try:
-            G, L, P = cfg.rollout.group_size, max(cfg.rollout.max_new_tokens // 2, 1), max(int(prompt_tokens), 1)
-            steps = iter(range(10**6))  # a fresh partition per repetition; clearing it is not timed
-
-            def rows(n):
-                ids = torch.arange(n)
-                return {"sample_id": ids, "group_id": ids // G, "prompt": [torch.zeros(P, dtype=torch.int32)] * n,
-                        "response": [torch.zeros(L, dtype=torch.int32)] * n, "log_probs": [torch.zeros(L)] * n}
-
-            def put_get(n):
-                """Wall seconds of one put + fetch of n rows by this process (the caller's time a call costs)."""
-                k, data = next(steps), rows(n)
-                t0 = time.perf_counter()
-                bus.put_rows(k, data)
-                got = bus.fetch(k, "profile", ["response", "log_probs"], n)
-                t = time.perf_counter() - t0
-                if got is None or got.size != n:
-                    raise RuntimeError(f"relax profile: the bus returned {got and got.size} of {n} rows")
-                bus.clear(k)
-                return t
-            small, large = G, max(16 * G, 128)
-            runs = {n: [put_get(n) for _ in range(reps)] for n in (small, large)}
-            if cores:
-                extra = _hand_offs(bus, rows, steps, (small, large))
-                background = _background_cores(cfg)  # with the bus up, as in a run
+            yield bus
         finally:
             bus.close()
-    sizes = {n: min(r) for n, r in runs.items()}  # the least disturbed
+
+
+def _ray_costs(cfg: ExperimentConfig, bus, prompt_tokens: float, reps: int = 9, cores: bool = True) -> dict:
+    """Ray and bus costs in a `_session`; `cores`: also the CPU the bus burns in other processes and the session's
+    busy cores (what a CPU profile's roles share the machine with: call it inside `idle_session`; ~10 s more)."""
+    import numpy as np
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class Echo:
+        def ping(self):
+            return 0
+
+    e = Echo.remote()
+    ray.get(e.ping.remote())
+    rpc = _typical(lambda: [ray.get(e.ping.remote()) for _ in range(50)], 3) / 50
+    big = np.zeros(64 * 2**20, np.uint8)
+    t_big, t_tiny = _typicals([lambda: ray.get(ray.put(big)), lambda: ray.get(ray.put(np.zeros(256, np.uint8)))], 5)
+    # The bus itself (TransferQueue, our sampler, the gate), as the roles use it: a put of rollout rows, then a
+    # fetch of them by one task. Two batch sizes: the slope is the per-row cost, the intercept the per-call cost
+    # that every service pays once per batch however few rows it carries.
+    G, L, P = cfg.rollout.group_size, max(cfg.rollout.max_new_tokens // 2, 1), max(int(prompt_tokens), 1)
+    steps = iter(range(10**6))  # a fresh partition per repetition; clearing it is not timed
+
+    def rows(n):
+        ids = torch.arange(n)
+        return {"sample_id": ids, "group_id": ids // G, "prompt": [torch.zeros(P, dtype=torch.int32)] * n,
+                "response": [torch.zeros(L, dtype=torch.int32)] * n, "log_probs": [torch.zeros(L)] * n}
+
+    def put_get(n):
+        """Wall seconds of one put + fetch of n rows by this process (the caller's time a call costs)."""
+        k, data = next(steps), rows(n)
+        t0 = time.perf_counter()
+        bus.put_rows(k, data)
+        got = bus.fetch(k, "profile", ["response", "log_probs"], n)
+        t = time.perf_counter() - t0
+        if got is None or got.size != n:
+            raise RuntimeError(f"relax profile: the bus returned {got and got.size} of {n} rows")
+        bus.clear(k)
+        return t
+    small, large = G, max(16 * G, 128)
+    runs: dict[int, list[float]] = {small: [], large: []}
+    for _ in range(reps):  # interleaved, as _typicals
+        for n in runs:
+            runs[n].append(put_get(n))
+    if cores:
+        extra = _hand_offs(bus, rows, steps, (small, large))
+        background = idle_cores()
+    sizes = {n: statistics.median(r) for n, r in runs.items()}  # the typical call, as _typical
     row = max((sizes[large] - sizes[small]) / (large - small), 0.0)
     call = max(sizes[small] - row * small, 0.0)
     out = {"rpc_s": _m(rpc, "Ray actor round trip, mean of 50"),
@@ -443,10 +478,11 @@ def idle_cores() -> float:
     return min(windows)
 
 
-def _background_cores(cfg: ExperimentConfig) -> float:
-    """Machine-wide busy cores of an idle session of `cfg` (Ray and the bus already up): the DCS coordinator, this
-    process as the driver's DCS member, and one idle Ray actor per role process of the run, each joined to the DCS
-    as its role joins (heartbeating, serving, following)."""
+@contextmanager
+def idle_session(cfg: ExperimentConfig):
+    """A run of `cfg` left idle, inside a `_session` (Ray and the bus already up): the DCS coordinator, this process
+    as the driver's DCS member, Telemetry, and one idle Ray actor per role process of the run, each joined to the
+    DCS as its role joins (heartbeating, serving, following). What a run's work shares the cores with."""
     import ray
 
     from relax.fault.supervisor import Supervisor
@@ -472,7 +508,7 @@ def _background_cores(cfg: ExperimentConfig) -> float:
         members = [Member.remote(dcs, n, ROLES[n].membership(cfg)) for n in names]
         ray.get([m.__ray_ready__.remote() for m in members] + [telemetry.__ray_ready__.remote()])
         time.sleep(1.0)  # the members' first beats and long polls start
-        return idle_cores()
+        yield
     finally:
         for m in members:
             try:

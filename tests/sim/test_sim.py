@@ -337,16 +337,20 @@ def test_the_host_twin_prices_host_work_as_an_emulated_run_pays_it():
                      c)
     assert sum(_step_times(build(cfg, slower, record=False).run())) > sum(step["h800"])
     # host_overheads measures these on the stand-in config an emulated run of `cfg` runs (its task's reward)
+    import contextlib
+
     import relax.sim.measure as measure
 
     ray = {n: {"value": 1e-3, "source": "measured (stub)"} for n in ("rpc_s", "bus_row_s", "bus_call_s")}
     ray["bus_bytes_per_s"] = {"value": 1e9, "source": "measured (stub)"}
-    orig, measure._ray_costs = measure._ray_costs, lambda *a, **k: dict(ray, cores=k.get("cores"))
+    orig = measure._ray_costs, measure._session
+    measure._ray_costs = lambda *a, **k: dict(ray, cores=k.get("cores"))
+    measure._session = contextlib.contextmanager(lambda cfg: (yield None))
     try:
         got = host_overheads(engine_config(load_config(ROOT / "experiments/async/h800x16.yaml",
                                                        ["emulate.hardware=h800"])), reps=1)
     finally:
-        measure._ray_costs = orig
+        measure._ray_costs, measure._session = orig
     assert got.pop("cores") is False  # the cores' background is a CPU profile's, not the host twin's
     assert "basic_arithmetic" in got["reward_per_sample_s"]["source"] and set(got) == set(HOST_WORK)
     on_host(h800, got, c)
@@ -530,15 +534,48 @@ def _cpu_profile(cores: int, **overheads) -> dict:
     return hw
 
 
-def test_the_sessions_background_cores_stretch_every_piece_of_role_work():
-    """background_cores b on P cores leaves the roles 1 - b/P of each: colocate, where every second passes in a
-    role's work, takes exactly 1 / (1 - b/P) as long."""
+@pytest.mark.parametrize("cores", [1, 2])
+def test_the_sessions_background_cores_stretch_role_work_on_fewer_than_every_core(cores):
+    """background_cores b on P cores leaves the roles 1 - b/P of each: colocate's one-thread roles on P = 2, where
+    every second passes in a role's work, take exactly 1 / (1 - b/P) as long. On P = 1 the same work holds every
+    core: `relax profile --ray` timed it beside that background already, so it is not stretched again."""
     cfg = _cfg(mode="colocate", max_staleness=0)
-    base = _step_times(_sim(cfg, _cpu_profile(2, bus_call_s=0.25)).run())
-    loaded = _step_times(_sim(cfg, _cpu_profile(2, bus_call_s=0.25, background_cores=0.5)).run())
+    base = _step_times(_sim(cfg, _cpu_profile(cores, bus_call_s=0.25)).run())
+    loaded = _step_times(_sim(cfg, _cpu_profile(cores, bus_call_s=0.25, background_cores=0.5)).run())
     assert base[0] > 0
     for t, t0 in zip(loaded, base):
-        assert t == pytest.approx(t0 / 0.75, rel=1e-9)
+        assert t == pytest.approx(t0 / 0.75 if cores == 2 else t0, rel=1e-9)
+
+
+def test_profile_with_ray_times_the_work_inside_an_idle_session(monkeypatch):
+    """`relax profile --ray` times the engine, the trainer and the bus inside a session of the config left idle
+    (Ray and the bus up, the DCS members heartbeating): the background a run's work shares the cores with.
+    Without --ray nothing is started."""
+    import contextlib
+
+    import relax.sim.measure as measure
+
+    log = []
+
+    def ctx(name):
+        @contextlib.contextmanager
+        def cm(cfg):
+            log.append(f"enter {name}")
+            yield name
+            log.append(f"exit {name}")
+        return cm
+
+    monkeypatch.setattr(measure, "_session", ctx("session"))
+    monkeypatch.setattr(measure, "idle_session", ctx("idle"))
+    monkeypatch.setattr(measure, "_work", lambda cfg, reps: log.append("work") or
+                        {"overheads": {}, "prompt_tokens_mean": 3.0})
+    monkeypatch.setattr(measure, "_ray_costs", lambda cfg, bus, p, reps: log.append(f"ray {bus} {p}") or {"rpc_s": 1})
+    prof = measure.measure(_cfg(), ray_costs=True, reps=1)
+    assert log == ["enter session", "enter idle", "work", "ray session 3.0", "exit idle", "exit session"]
+    assert prof["overheads"] == {"rpc_s": 1}
+    log.clear()
+    measure.measure(_cfg(), ray_costs=False, reps=1)
+    assert log == ["work"]
 
 
 def test_a_measured_cpu_profile_refuses_a_config_run_at_other_threads():
@@ -601,10 +638,11 @@ def test_an_idle_consumer_looks_once_then_holds_no_core_and_wakes_one_notice_aft
 def test_profile_with_ray_times_the_bus_itself():
     """`relax profile --ray` times relax.bus over TransferQueue (not a bare Ray put): a per-call and a per-row
     cost from two batch sizes; the profile loads back with them."""
-    from relax.sim.measure import _ray_costs
+    from relax.sim.measure import _ray_costs, _session, idle_session
 
     cfg = _cfg(**{"task.name": "basic_arithmetic", "rollout.max_new_tokens": 8})
-    costs = _ray_costs(cfg, prompt_tokens=12.0, reps=2)
+    with _session(cfg) as bus, idle_session(cfg):
+        costs = _ray_costs(cfg, bus, prompt_tokens=12.0, reps=2)
     for name in ("bus_row_s", "bus_call_s"):
         assert costs[name]["source"].startswith("measured (relax.bus"), name
     assert costs["bus_call_s"]["value"] > 0
