@@ -109,3 +109,10 @@ def test_the_cpu_gate_sums_bus_calls_over_processes_and_prints_them_beside_the_s
     text = gate_cpu.markdown([row], rat, [], "runs")
     assert "| async/cpu | 4.0 | 4.0 | 5.5 | 8.25 | 8.25 | 17.0 | 3.5 |" in text
     assert "SIMULATED" in text.splitlines()[0]
+    assert "profile after" not in text
+    # --fresh: the runs priced again by profiles taken after them, beside the first take
+    after = {**row, "median": {"measured_s": 0.5, "predicted_s": 0.55, "error": 0.1}}
+    ratio = {"ratio": "async / colocate", "measured": 1.2, "predicted": 1.08, "error": -0.1}
+    text = gate_cpu.markdown([row], rat, [], "runs", {"runs": [after], "ratios": [ratio]})
+    assert "| async/cpu | 0.4500 | -10.0% | 0.5500 | +10.0% |" in text
+    assert "| ratio: async / colocate | | | 1.080 | -10.0% |" in text
