@@ -202,7 +202,8 @@ def markdown(rows, rat, profiles, runs_root, after: dict | None = None) -> str:
     if after:
         lines += ["", "The same runs priced by the profiles measured again after them (--fresh): two takes of one "
                   "machine, minutes apart; the spread is the gate's resolution.", "",
-                  "| run | SIMULATED median, profile before (s) | error | SIMULATED median, profile after (s) | error |",
+                  "| run | SIMULATED median, profile before (s) | error | SIMULATED median, profile after (s) "
+                  "| error |",
                   "|---|---|---|---|---|"]
         for r, a in zip(rows, after["runs"]):
             lines.append(f"| {r['run']} | {r['median']['predicted_s']:.4f} | {r['median']['error']:+.1%} | "

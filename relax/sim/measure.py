@@ -125,14 +125,14 @@ def forward_threads(cfg: ExperimentConfig) -> int:
 
 
 def measure(cfg: ExperimentConfig, ray_costs: bool = False, reps: int = 5) -> dict:
-    """The profile. With `ray_costs` every number is timed inside a session of `cfg` left idle (`_session`, then
+    """The profile. With `ray_costs` every number is timed inside a session of `cfg` left idle (`bus_session`, then
     `idle_session`), beside the background a run's work shares the cores with: two-thread engine calls and training
     micro-batches ran 17-33% slower there than alone (medians, alternating A/B/A/B, 2026-12-06), one-thread ones
     within the noise (threads held on every core stall at each other's interruptions), so alone they would be priced
     too fast."""
     if not ray_costs:
         return _work(cfg, reps)
-    with _session(cfg) as bus, idle_session(cfg):
+    with bus_session(cfg) as bus, idle_session(cfg):
         prof = _work(cfg, reps)
         prof["overheads"].update(_ray_costs(cfg, bus, prof["prompt_tokens_mean"], reps))
     return prof
@@ -321,13 +321,13 @@ def host_overheads(cfg: ExperimentConfig, reps: int = 5) -> dict:
     out = {"reward_per_sample_s": _m(_reward_per_sample(make_task(cfg.task, cfg.seed, "train"), reps),
                                      f"task.score ({cfg.task.name}) per sample"),
            "advantages_per_row_s": ADVANTAGES_PER_ROW}
-    with _session(cfg) as bus:
+    with bus_session(cfg) as bus:
         out.update(_ray_costs(cfg, bus, prompt_tokens(cfg), reps, cores=False))
     return out
 
 
 @contextmanager
-def _session(cfg: ExperimentConfig):
+def bus_session(cfg: ExperimentConfig):
     """A private Ray session with the bus up (relax.bus over TransferQueue), as a run has them; yields the bus."""
     from relax.bus import Bus
     from relax.cluster import RaySession
@@ -342,7 +342,7 @@ def _session(cfg: ExperimentConfig):
 
 
 def _ray_costs(cfg: ExperimentConfig, bus, prompt_tokens: float, reps: int = 9, cores: bool = True) -> dict:
-    """Ray and bus costs in a `_session`; `cores`: also the CPU the bus burns in other processes and the session's
+    """Ray and bus costs in a `bus_session`; `cores`: also the CPU the bus burns in other processes and the session's
     busy cores (what a CPU profile's roles share the machine with: call it inside `idle_session`; ~10 s more)."""
     import numpy as np
     import ray
@@ -480,7 +480,7 @@ def idle_cores() -> float:
 
 @contextmanager
 def idle_session(cfg: ExperimentConfig):
-    """A run of `cfg` left idle, inside a `_session` (Ray and the bus already up): the DCS coordinator, this process
+    """A run of `cfg` left idle, inside a `bus_session` (Ray and the bus already up): the DCS coordinator, this process
     as the driver's DCS member, Telemetry, and one idle Ray actor per role process of the run, each joined to the
     DCS as its role joins (heartbeating, serving, following). What a run's work shares the cores with."""
     import ray

@@ -343,14 +343,14 @@ def test_the_host_twin_prices_host_work_as_an_emulated_run_pays_it():
 
     ray = {n: {"value": 1e-3, "source": "measured (stub)"} for n in ("rpc_s", "bus_row_s", "bus_call_s")}
     ray["bus_bytes_per_s"] = {"value": 1e9, "source": "measured (stub)"}
-    orig = measure._ray_costs, measure._session
+    orig = measure._ray_costs, measure.bus_session
     measure._ray_costs = lambda *a, **k: dict(ray, cores=k.get("cores"))
-    measure._session = contextlib.contextmanager(lambda cfg: (yield None))
+    measure.bus_session = contextlib.contextmanager(lambda cfg: (yield None))
     try:
         got = host_overheads(engine_config(load_config(ROOT / "experiments/async/h800x16.yaml",
                                                        ["emulate.hardware=h800"])), reps=1)
     finally:
-        measure._ray_costs, measure._session = orig
+        measure._ray_costs, measure.bus_session = orig
     assert got.pop("cores") is False  # the cores' background is a CPU profile's, not the host twin's
     assert "basic_arithmetic" in got["reward_per_sample_s"]["source"] and set(got) == set(HOST_WORK)
     on_host(h800, got, c)
@@ -565,7 +565,7 @@ def test_profile_with_ray_times_the_work_inside_an_idle_session(monkeypatch):
             log.append(f"exit {name}")
         return cm
 
-    monkeypatch.setattr(measure, "_session", ctx("session"))
+    monkeypatch.setattr(measure, "bus_session", ctx("session"))
     monkeypatch.setattr(measure, "idle_session", ctx("idle"))
     monkeypatch.setattr(measure, "_work", lambda cfg, reps: log.append("work") or
                         {"overheads": {}, "prompt_tokens_mean": 3.0})
@@ -638,10 +638,10 @@ def test_an_idle_consumer_looks_once_then_holds_no_core_and_wakes_one_notice_aft
 def test_profile_with_ray_times_the_bus_itself():
     """`relax profile --ray` times relax.bus over TransferQueue (not a bare Ray put): a per-call and a per-row
     cost from two batch sizes; the profile loads back with them."""
-    from relax.sim.measure import _ray_costs, _session, idle_session
+    from relax.sim.measure import _ray_costs, bus_session, idle_session
 
     cfg = _cfg(**{"task.name": "basic_arithmetic", "rollout.max_new_tokens": 8})
-    with _session(cfg) as bus, idle_session(cfg):
+    with bus_session(cfg) as bus, idle_session(cfg):
         costs = _ray_costs(cfg, bus, prompt_tokens=12.0, reps=2)
     for name in ("bus_row_s", "bus_call_s"):
         assert costs[name]["source"].startswith("measured (relax.bus"), name
