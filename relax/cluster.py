@@ -32,6 +32,11 @@ _LOOPBACK_VAR = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 _SET_FOR_LOCAL = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", _LOOPBACK_VAR)
 
 
+# What ray.init raises when a head process did not come up in time (the raylet; the GCS server's port file): an
+# overloaded host, not a broken install, so RaySession tries again with a fresh session folder.
+STARTUP_TIMEOUTS = ("timed out during startup", "Timed out waiting for file")
+
+
 @dataclass
 class RaySession:
     """A private local Ray instance (own temp dir) that is always shut down; or, when RAY_ADDRESS is set (a
@@ -61,10 +66,10 @@ class RaySession:
                 ray.init(num_cpus=self.num_cpus, num_gpus=self.num_gpus, include_dashboard=False,
                          _temp_dir=self.temp_dir, logging_level=logging.WARNING, log_to_driver=True)
                 break
-            except Exception as err:  # Ray gives its raylet 30 s to come up: too short on an overloaded host
-                if "timed out during startup" not in str(err) or attempt == 4:
+            except Exception as err:  # a fixed time for the raylet and GCS to come up: short on a busy host
+                if not any(m in str(err) for m in STARTUP_TIMEOUTS) or attempt == 4:
                     raise
-                log.warning("ray.init: the node timed out during startup (host overloaded); trying again")
+                log.warning("ray.init: the node timed out during startup (host overloaded); trying again: %s", err)
                 ray.shutdown()
         node_ip = ray.util.get_node_ip_address()
         if not is_loopback(node_ip):  # a Ray upgrade that ignores the switch must not open the run silently

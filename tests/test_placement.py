@@ -140,3 +140,33 @@ def test_plan_prints_the_groups_the_supervisor_makes():
     assert any("TP 2" in p for p in resolve_plan(tp2)["problems"])
     with pytest.raises(ValueError, match="TP 2"):
         placement.process_options(tp2, "rollout", None, 0)
+
+
+@pytest.mark.parametrize("message", ["The node with node id X timed out during startup",
+                                     "Timed out waiting for file /tmp/relax-ray-x/session_1/gcs_server_port_ab"])
+def test_a_head_process_slow_to_start_is_tried_again_and_other_errors_are_not(monkeypatch, message):
+    """RaySession: a raylet or GCS server that did not come up in time (an overloaded host: CI saw the GCS port-file
+    timeout on 2026-12-06) is tried again after shutting the attempt down; any other error of ray.init is raised at
+    once."""
+    import ray
+
+    from relax import cluster
+
+    calls, shutdowns = [], []
+
+    def init(**kwargs):
+        calls.append(kwargs)
+        if len(calls) == 1:
+            raise RuntimeError(message)
+
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.setattr(ray, "shutdown", lambda: shutdowns.append(1))
+    monkeypatch.setattr(ray.util, "get_node_ip_address", lambda: "127.0.0.1")
+    cluster.RaySession(num_cpus=1)._init_local()
+    assert len(calls) == 2 and len(shutdowns) == 1
+
+    calls.clear()
+    monkeypatch.setattr(ray, "init", lambda **kw: calls.append(kw) or (_ for _ in ()).throw(ValueError("bad arg")))
+    with pytest.raises(ValueError, match="bad arg"):
+        cluster.RaySession(num_cpus=1)._init_local()
+    assert len(calls) == 1
