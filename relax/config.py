@@ -533,11 +533,10 @@ class ExperimentConfig(Strict):
             # The emulated schedules run the reference inside their trainer, after Advantages has already run.
             raise ValueError("algorithm.kl_in_reward needs algorithm.kl_coef > 0 and schedule 'relax'")
         if self.rollout.max_inflight is not None:
-            limits = {"algorithm.dynamic_sampling.enabled": self.algorithm.dynamic_sampling.enabled,
-                      "moe.r3": self.moe.r3, "task.kind": self.task.kind != "text",
+            limits = {"moe.r3": self.moe.r3, "task.kind": self.task.kind != "text",
                       "schedule": self.schedule != "relax"}
             _refuse(limits, "rollout.max_inflight: request-level streaming runs text tasks under schedule relax "
-                    "without DAPO redraws or R3 capture (set: {}); unset it for chunked generation")
+                    "without R3 capture (set: {}); unset it for chunked generation")
         if self.rollout.partial and (self.rollout.max_inflight is None or self.mode != "async"):
             raise ValueError("rollout.partial: in-flight weight updates need request-level streaming "
                              "(rollout.max_inflight) and mode 'async'")

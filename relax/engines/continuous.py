@@ -91,14 +91,15 @@ class ContinuousBatch:
 
 
 def continuous_generate(model, feed: Feed, max_batch: int, pad: int, eos: int,
-                        sample: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+                        sample: Callable[[torch.Tensor, list[int]], tuple[torch.Tensor, torch.Tensor]],
                         wait: Callable[[], None] = lambda: None,
                         on_step: Callable[[ContinuousBatch], None] = lambda b: None,
                         version: Callable[[], int] = lambda: 0) -> Iterator[_Row]:
     """Yields each request's row (number, tokens, log_probs, first/last weight version) as soon as it
     finishes (EOS or its limit), with at most `max_batch` sequences decoding at once; `feed` (relax/engines/
     feed.py) is asked for new requests whenever a slot is free, and the call ends once the batch is empty and
-    the feed gives nothing. `sample(logits [B, V]) -> (tokens, log-probs)`; `wait()` is called before every
+    the feed gives nothing. `sample(logits [B, V], request numbers [B]) -> (tokens, log-probs)` (the numbers
+    let a server sample each request with its own settings); `wait()` is called before every
     forward (the engine's pause, and where a partial rollout loads a new version: in-flight rows go on with it,
     their KV cache kept); `version()` is the weights' version at that moment; `on_step(batch)` after each step
     (tests)."""
@@ -111,7 +112,7 @@ def continuous_generate(model, feed: Feed, max_batch: int, pad: int, eos: int,
             out = model(input_ids=batch.last[:, None], attention_mask=batch.attn, position_ids=batch.pos[:, None],
                         past_key_values=batch.cache(), use_cache=True)
             batch.take_cache(out.past_key_values)
-            tok, lp = sample(out.logits[:, -1])
+            tok, lp = sample(out.logits[:, -1], [r.index for r in batch.rows])
             v = version()
             for r, t, x in zip(batch.rows, tok.tolist(), lp.tolist()):
                 r.tokens.append(t)
@@ -137,7 +138,7 @@ def continuous_generate(model, feed: Feed, max_batch: int, pad: int, eos: int,
             wait()
             out = model(input_ids=ids, attention_mask=attn, position_ids=(attn.cumsum(-1) - 1).clamp_(min=0),
                         use_cache=True)
-            tok, lp = sample(out.logits[:, -1])
+            tok, lp = sample(out.logits[:, -1], [r.index for r in rows])
             v = version()
             for r, t, x in zip(rows, tok.tolist(), lp.tolist()):
                 r.tokens.append(t)

@@ -15,6 +15,12 @@ drives this server and a real `sglang.launch_server` the same way):
 | `GET /health`, `GET /health_generate` | liveness; one greedy token |
 | `GET /get_model_info`, `/get_weight_version`, `/get_server_info` | model path, weight version, engine facts |
 
+Concurrent requests are batched continuously, as SGLang's scheduler does: one batcher thread runs the engine's
+continuous batching (relax/engines/continuous.py) over every request waiting, at most `--max-running-requests`
+sequences at once, each sampled with its own settings; a request joins at the next decode step and replies when
+its last sequence ends. (`return_routed_experts` requests run alone, after the batch drains: the capture hooks
+record whole forwards.)
+
 Weights are always named as in a Hugging Face checkpoint (per-expert MoE names). Updates copy in place between
 decode steps: a forward pre/post hook pair holds a lock for each model forward, so an update never overlaps a
 forward even while a request is in flight.
@@ -33,7 +39,8 @@ import sys
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -41,7 +48,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from relax.engines.process import free_port, terminate
-from relax.engines.torch_engine import TorchEngine
+from relax.engines.torch_engine import Generation, TorchEngine
 from relax.weights import broadcast, new_process_group
 
 
@@ -144,16 +151,32 @@ def _dtype(name: str) -> torch.dtype:
     return dt
 
 
-class EngineServer:
-    """State behind the routes: one TorchEngine, pause state, forward lock, weight-update groups."""
+@dataclass
+class _Job:
+    """One sequence of a /generate request, waiting for the batcher or in its batch."""
 
-    def __init__(self, engine: TorchEngine, model_path: str = "", device: str = "cpu"):
+    prompt: list[int]
+    limit: int
+    sampling: tuple[float, float]  # (temperature, top_p)
+    done: threading.Event = field(default_factory=threading.Event)
+    gen: Generation | None = None  # None once done: aborted
+    error: Exception | None = None
+
+
+class EngineServer:
+    """State behind the routes: one TorchEngine, the batcher, pause state, forward lock, weight-update groups."""
+
+    def __init__(self, engine: TorchEngine, model_path: str = "", device: str = "cpu", max_running: int = 64):
         self.engine = engine
         self.tok = engine.tokenizer
         self.model_path = model_path
         self.device = device
+        self.max_running = max_running
         self.weight_version = str(engine.version)
-        self._gen_lock = threading.Lock()  # per-request sampling settings live on the engine: one call at a time
+        self._gen_lock = threading.Lock()  # held by whoever drives the engine: the batcher or a routed-experts call
+        self._waiting: deque[_Job] = deque()  # jobs no batch has taken yet
+        self._work = threading.Condition()  # guards _waiting; notified when a job arrives
+        threading.Thread(target=self._batcher, name="batcher", daemon=True).start()
         self._fwd = threading.Lock()  # held during each model forward; weight copies take it between steps
         self._held = threading.local()
         self._accepting = threading.Event()
@@ -230,28 +253,14 @@ class EngineServer:
         if len(rids) != len(prompts):
             raise ValueError("rid: one id per prompt")
 
-        while True:  # never hold the generate lock while paused (pause(abort) takes it)
-            self._accepting.wait()
-            self._gen_lock.acquire()
-            if self._accepting.is_set():
-                break
-            self._gen_lock.release()
-        try:
-            eng = self.engine
-            eng.temperature, eng.top_p = sp.temperature, sp.top_p
-            self._capture = [] if req.return_routed_experts else None
-            try:
-                gens = eng.generate(prompts, sp.max_new_tokens)
-                aborted = False
-            except _Aborted:
-                gens, aborted = None, True
-            finally:
-                capture, self._capture = self._capture, None
-        finally:
-            self._gen_lock.release()
+        capture = None
+        if req.return_routed_experts:
+            gens, capture = self._generate_alone(prompts, sp)
+        else:
+            gens = self._generate_batched(prompts, sp)
         out = []
         for i, p in enumerate(prompts):
-            if aborted:
+            if gens[i] is None:
                 meta = {"id": rids[i], "finish_reason": {"type": "abort", "message": "aborted by pause_generation"},
                         "prompt_tokens": len(p), "completion_tokens": 0, "cached_tokens": 0,
                         "weight_version": self.weight_version}
@@ -274,6 +283,74 @@ class EngineServer:
             out.append({"text": self.tok.decode(g.token_ids), "output_ids": g.token_ids, "meta_info": meta})
         return out[0] if single else out
 
+    def _generate_batched(self, prompts: list[list[int]], sp: SamplingParams) -> list[Generation | None]:
+        """Hand each prompt to the batcher and wait for all of them (None: aborted)."""
+        self._accepting.wait()  # a paused server takes no new work (SGLang's pause_generation)
+        jobs = [_Job(p, sp.max_new_tokens, (sp.temperature, sp.top_p)) for p in prompts]
+        with self._work:
+            self._waiting.extend(jobs)
+            self._work.notify()
+        for job in jobs:
+            job.done.wait()
+        for job in jobs:
+            if job.error is not None:
+                raise RuntimeError(f"generation failed: {job.error}") from job.error
+        return [job.gen for job in jobs]
+
+    def _batcher(self) -> None:
+        """Drive the engine's continuous batching over whatever is waiting, for as long as anything is."""
+        while True:
+            with self._work:
+                while not self._waiting:
+                    self._work.wait()
+            with self._gen_lock:
+                started: list[_Job] = []
+
+                def feed(free: int) -> list[tuple[list[int], int]]:
+                    with self._work:
+                        new = [self._waiting.popleft() for _ in range(min(free, len(self._waiting)))]
+                    started.extend(new)
+                    return [(j.prompt, j.limit) for j in new]
+
+                try:
+                    for i, gen in self.engine.generate_stream(feed, self.max_running,
+                                                              sampling=lambda i: started[i].sampling):
+                        started[i].gen = gen
+                        started[i].done.set()
+                except _Aborted:
+                    self._end(started)
+                except Exception as e:  # noqa: BLE001 - every waiting caller gets the engine's error, none hangs
+                    self._end(started, e)
+
+    def _end(self, jobs: list[_Job], error: Exception | None = None) -> None:
+        """Every job not yet done ends now: aborted (gen None) or failed with `error`."""
+        for job in jobs:
+            if not job.done.is_set():
+                job.error = error
+                job.done.set()
+
+    def _generate_alone(self, prompts: list[list[int]], sp: SamplingParams):
+        """One chunked generate with the engine to itself (the routing capture records whole forwards)."""
+        while True:  # never hold the generate lock while paused (pause(abort) takes it)
+            self._accepting.wait()
+            self._gen_lock.acquire()
+            if self._accepting.is_set():
+                break
+            self._gen_lock.release()
+        try:
+            eng = self.engine
+            eng.temperature, eng.top_p = sp.temperature, sp.top_p
+            self._capture = []
+            try:
+                gens = eng.generate(prompts, sp.max_new_tokens)
+            except _Aborted:
+                gens = [None] * len(prompts)
+            finally:
+                capture, self._capture = self._capture, None
+        finally:
+            self._gen_lock.release()
+        return gens, capture
+
     def _routes(self, capture, row, batch, n_prompt, width, n_out) -> str:
         """Experts chosen for each token fed to the model: prompt tokens, then all generated tokens but the last."""
         steps = []
@@ -293,6 +370,9 @@ class EngineServer:
             # Wait for an in-flight request to hit the abort, then let later forwards (health checks) run again.
             with self._gen_lock:
                 self._abort = False
+                with self._work:  # requests no batch has started are aborted too, as SGLang's abort does
+                    waiting, self._waiting = list(self._waiting), deque()
+                self._end(waiting)
         else:
             self.engine.pause()
 
@@ -507,11 +587,12 @@ def wait_healthy(url: str, timeout: float = 120.0, proc: subprocess.Popen | None
 
 def launch_torch_server(model: dict, *, port: int | None = None, host: str = "127.0.0.1", seed: int = 0,
                         dtype: str = "float32", weights: str | None = None, threads: int = 1,
-                        log_path: str | None = None, timeout: float = 120.0) -> ServerProcess:
+                        max_running: int = 64, log_path: str | None = None, timeout: float = 120.0) -> ServerProcess:
     """Start `python -m relax.engines.http_server` as a child process and wait until /health answers."""
     port = port or free_port()
     cmd = [sys.executable, "-m", "relax.engines.http_server", "--model", json.dumps(model), "--host", host,
-           "--port", str(port), "--seed", str(seed), "--dtype", dtype, "--threads", str(threads)]
+           "--port", str(port), "--seed", str(seed), "--dtype", dtype, "--threads", str(threads),
+           "--max-running-requests", str(max_running)]
     if weights:
         cmd += ["--weights", weights]
     log = open(log_path, "ab") if log_path else subprocess.DEVNULL
@@ -526,14 +607,14 @@ def launch_torch_server(model: dict, *, port: int | None = None, host: str = "12
 
 
 def build_server(model: dict, *, seed: int = 0, dtype: str = "float32", weights: str | None = None,
-                 device: str = "cpu") -> EngineServer:
+                 device: str = "cpu", max_running: int = 64) -> EngineServer:
     from relax.config import ModelConfig
     from relax.models import build_model
 
     mcfg = ModelConfig.model_validate(model)
     hf_model, tok = build_model(mcfg, seed)
     engine = TorchEngine(hf_model, tok, dtype=dtype, seed=seed)  # the torch engine runs on CPU
-    server = EngineServer(engine, model_path=mcfg.path or mcfg.kind, device=device)
+    server = EngineServer(engine, model_path=mcfg.path or mcfg.kind, device=device, max_running=max_running)
     if weights:
         from safetensors.torch import load_file
 
@@ -551,12 +632,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--weights", help="safetensors file (HF names) loaded at start")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--device", default="cpu", help="where DCS broadcast buffers live (cuda for NCCL groups)")
+    p.add_argument("--max-running-requests", type=int, default=64, help="sequences decoding at once (SGLang's name)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     import uvicorn
 
     server = build_server(json.loads(args.model), seed=args.seed, dtype=args.dtype, weights=args.weights,
-                          device=args.device)
+                          device=args.device, max_running=args.max_running_requests)
     uvicorn.run(create_app(server), host=args.host, port=args.port, log_level="warning")
     return 0
 

@@ -309,7 +309,9 @@ def make_remote_engine(cfg, replica: int, *, threads: int = 1, log_dir: str | No
     else:
         argv = [sys.executable, "-m", "relax.engines.http_server", "--model", json.dumps(cfg.model.model_dump()),
                 "--host", host, "--port", str(port), "--seed", str(cfg.seed + 1000 * replica + 1),
-                "--dtype", r.dtype, "--threads", str(threads)]
+                "--dtype", r.dtype, "--threads", str(threads),
+                # the most sequences this replica has in flight: a chunk of groups, or its streaming cap
+                "--max-running-requests", str(max(r.max_inflight or 0, r.chunk_groups * r.group_size))]
     log = None
     if log_dir:
         os.makedirs(log_dir, exist_ok=True)

@@ -144,13 +144,15 @@ class TorchEngine:
             finally:
                 self.temperature = temperature
 
-    def generate_stream(self, feed: Feed, max_inflight: int,
-                        between: Callable[[], None] | None = None) -> Iterator[tuple[int, Generation]]:
+    def generate_stream(self, feed: Feed, max_inflight: int, between: Callable[[], None] | None = None,
+                        sampling: Callable[[int], tuple[float, float]] | None = None
+                        ) -> Iterator[tuple[int, Generation]]:
         """Continuous batching (relax/engines/continuous.py) over `feed` (relax/engines/feed.py): yields
         (request number, Generation) as each request finishes, at most `max_inflight` decoding at once. Other
         threads' weight updates wait until it is exhausted; `between()` runs before every decode step in this
         thread, where a partial rollout calls `update_weights` (in-flight requests go on with the new weights:
-        pause, update, continue)."""
+        pause, update, continue). `sampling(number) -> (temperature, top_p)` gives each request its own
+        settings (the HTTP server batches requests of different callers); default: the engine's."""
         if self.capture is not None:
             raise RuntimeError("continuous batching does not record routing (moe.r3): use chunked generate")
         with self._lock, torch.no_grad():
@@ -162,9 +164,18 @@ class TorchEngine:
                 if between is not None:
                     between()
 
+            def sample(logits, numbers):
+                if sampling is None:
+                    return sample_tokens(logits, self.temperature, self.top_p, self.gen)
+                keys = [sampling(i) for i in numbers]
+                tokens, log_probs = torch.empty(len(keys), dtype=torch.long), torch.empty(len(keys))
+                for key in dict.fromkeys(keys):  # rows sharing settings are sampled together, in a fixed order
+                    rows = torch.tensor([j for j, k in enumerate(keys) if k == key])
+                    tokens[rows], log_probs[rows] = sample_tokens(logits[rows], *key, self.gen)
+                return tokens, log_probs
+
             eos = self.tokenizer.eos_token_id
-            for r in continuous_generate(self.model, feed, max_inflight, self.tokenizer.pad_token_id, eos,
-                                         lambda logits: sample_tokens(logits, self.temperature, self.top_p, self.gen),
+            for r in continuous_generate(self.model, feed, max_inflight, self.tokenizer.pad_token_id, eos, sample,
                                          wait, version=lambda: self.version):
                 yield r.index, Generation(r.tokens, r.log_probs, "stop" if r.tokens[-1] == eos else "length",
                                           r.first_version, last_version=r.last_version)

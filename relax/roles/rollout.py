@@ -10,6 +10,7 @@ import os
 import random
 import sys
 import time
+from collections import deque
 
 import ray
 import torch
@@ -20,7 +21,6 @@ from relax.moe.fields import r3_fields, routing_fields
 from relax.omni.fields import input_fields
 from relax.omni.source import engine_class, make_source
 from relax.emulate import emulator, supervised
-from relax.engines.feed import fixed
 from relax.fault.redelivery import existing_groups
 from relax.roles.base import ModelRole
 from relax.roles.stream import QUIET_S, ClaimFeed
@@ -337,10 +337,25 @@ class RolloutRole(ModelRole):
         return torch.tensor([float(self.data.score(self.data[i], self.tokenizer.decode(g.token_ids)))
                              for i, g in zip(prompt_idx, gens)])
 
-    def group_rows(self, k: int, g: int, prompt: list[int], gens) -> dict:
-        """The bus rows of group g of partition k from its G generations (streaming: one group at a time)."""
+    def group_rows(self, k: int, g: int, prompt: list[int], gens, attempt: int = 0) -> dict:
+        """The bus rows of group g of partition k from its G generations of draw `attempt` (streaming: one group at
+        a time)."""
         G = self.cfg.rollout.group_size
-        return self._text_rows(k, [g], [self.prompt_index(k, g, 0)] * G, [prompt] * G, gens)
+        attempts = [attempt + 1] * G if self.cfg.algorithm.dynamic_sampling.enabled else None
+        return self._text_rows(k, [g], [self.prompt_index(k, g, attempt)] * G, [prompt] * G, gens, attempts)
+
+    def redraw(self, k: int, g: int, attempt: int, gens) -> list[int] | None:
+        """DAPO under streaming: the prompt ids of draw attempt + 1 when group g's draw `attempt` is degenerate (every
+        rule reward equal) and draws are left, else None. As `_rows` (sample_informative_groups) does per chunk:
+        no redraw with a GenRM reward (not known here) or on emulated GPUs (synthetic tokens)."""
+        ds = self.cfg.algorithm.dynamic_sampling
+        if not ds.enabled or self.cfg.task.reward == "genrm" or self.emu is not None or attempt + 1 >= ds.max_batches:
+            return None
+        idx = self.prompt_index(k, g, attempt)
+        rewards = {float(self.data.score(self.data[idx], self.tokenizer.decode(x.token_ids))) for x in gens}
+        if len(rewards) > 1:
+            return None
+        return self.tokenizer.encode(self.data[self.prompt_index(k, g, attempt + 1)].prompt)
 
     def _stream_groups(self, k: int, groups, put) -> None:
         """Request-level streaming of these groups (the colocate loop's share of a partition): at most
@@ -348,16 +363,35 @@ class RolloutRole(ModelRole):
         r = self.cfg.rollout
         G = r.group_size
         groups = list(groups)
-        prompts = [self.tokenizer.encode(self.data[self.prompt_index(k, g, 0)].prompt) for g in groups]
+        prompts = {g: self.tokenizer.encode(self.data[self.prompt_index(k, g, 0)].prompt) for g in groups}
+        limits = dict(zip(groups, self.emu.limits(k, groups))) if self.emu is not None else {}
         done: dict[int, dict[int, object]] = {g: {} for g in groups}
-        limits = self.emu.limits(k, groups) if self.emu is not None else r.max_new_tokens
-        requests = fixed([prompts[a] for a in range(len(groups)) for _ in range(G)], limits)
-        for i, gen in self.engine.generate_stream(requests, r.max_inflight):
-            a, j = divmod(i, G)
-            done[groups[a]][j] = gen
-            if len(done[groups[a]]) == G:
-                with self.rec.span("group_done", step=k, group=groups[a]):
-                    put(self.group_rows(k, groups[a], prompts[a], [done[groups[a]][j] for j in range(G)]))
+        attempt = dict.fromkeys(groups, 0)
+        todo = deque((g, j) for g in groups for j in range(G))
+        requests: list[tuple[int, int]] = []  # request number -> (group, sample)
+
+        def feed(free: int):
+            out = []
+            while todo and len(out) < free:
+                g, j = todo.popleft()
+                requests.append((g, j))
+                out.append((prompts[g], limits[g][j] if limits else r.max_new_tokens))
+            return out
+
+        for i, gen in self.engine.generate_stream(feed, r.max_inflight):
+            g, j = requests[i]
+            done[g][j] = gen
+            if len(done[g]) < G:
+                continue
+            gens = [done[g][x] for x in range(G)]
+            again = self.redraw(k, g, attempt[g], gens)
+            if again is not None:  # DAPO: a fresh prompt for this slot, started before anything else waiting
+                prompts[g], done[g] = again, {}
+                attempt[g] += 1
+                todo.extendleft((g, x) for x in reversed(range(G)))
+                continue
+            with self.rec.span("group_done", step=k, group=g):
+                put(self.group_rows(k, g, prompts[g], gens, attempt[g]))
 
     # --- colocated mode: the engine's weights are released while training holds the cores -----------
     def sleep(self) -> dict:

@@ -9,7 +9,8 @@ So a claim's long tail decodes beside the next claim's requests instead of holdi
 one or two, as slime's and AReaL's engines are refilled.
 - Without partial rollout the feed takes no new work once a newer version is in the staging: the engine
   drains, loads it and goes on (in-flight requests are never restarted, and staleness stays as low as before).
-- Each group goes to the bus the moment its last sample finishes; a claim is finished with the GroupQueue when
+- Each group goes to the bus the moment its last sample finishes (DAPO: a degenerate group is drawn again first,
+  its fresh prompt's requests ahead of everything waiting); a claim is finished with the GroupQueue when
   its last group is on the bus. A replica may hold several open claims: on a crash the supervisor hands every
   one of them out again (a claim cut mid-put is flagged maybe_put, as before).
 - `ClaimFeed.next` / `wait` / `stop` say why the feed ran dry, for the replica's loop: enter the next partition
@@ -96,8 +97,8 @@ class ClaimFeed:
             prompts[g] = role.tokenizer.encode(role.data[role.prompt_index(j, g, 0)].prompt)
             limits[g] = role.emu.limits(j, [g]) if role.emu is not None else [role.cfg.rollout.max_new_tokens] * G
         self.claims[claim["cid"]] = {"step": j, "groups": groups, "prompts": prompts, "limits": limits,
-                                     "done": {g: {} for g in groups}, "left": len(groups), "t0": time.time(),
-                                     "put": role.claim_put(claim)}
+                                     "done": {g: {} for g in groups}, "attempt": dict.fromkeys(groups, 0),
+                                     "left": len(groups), "t0": time.time(), "put": role.claim_put(claim)}
         self.buffer.extend((claim["cid"], g, x) for g in groups for x in range(G))
         return True
 
@@ -111,9 +112,15 @@ class ClaimFeed:
         done[x] = gen
         if len(done) < G:
             return
-        j = c["step"]
+        j, gens = c["step"], [done[i] for i in range(G)]
+        again = role.redraw(j, g, c["attempt"][g], gens)
+        if again is not None:  # DAPO: the slot's next prompt goes to the engine before anything else waiting
+            c["prompts"][g], c["done"][g] = again, {}
+            c["attempt"][g] += 1
+            self.buffer.extendleft((cid, g, x) for x in reversed(range(G)))
+            return
         with role.rec.span("group_done", step=j, group=g):
-            c["put"](role.group_rows(j, g, c["prompts"][g], [done[i] for i in range(G)]))
+            c["put"](role.group_rows(j, g, c["prompts"][g], gens, c["attempt"][g]))
         c["left"] -= 1
         if c["left"] == 0:
             del self.claims[cid]

@@ -75,7 +75,7 @@ def test_kv_rows_are_freed_as_sequences_finish_and_requests_join():
     limits = [2, 2, 2, 30, 30, 30, 30, 30, 30]
     sizes, order = [], []
     for row in continuous_generate(engine.model, fixed(prompts, limits), 3, tok.pad_token_id, -1,  # -1: never EOS
-                                   lambda lg: sample_tokens(lg, 0.0, 1.0, engine.gen),
+                                   lambda lg, numbers: sample_tokens(lg, 0.0, 1.0, engine.gen),
                                    on_step=lambda b: sizes.append((len(b), b.kv_rows))):
         order.append(row.index)
     assert all(rows == kv for rows, kv in sizes)  # the cache holds exactly the live rows

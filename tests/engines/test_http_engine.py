@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from relax.config import ModelConfig, load_config
-from relax.engines.http_server import launch_torch_server
+from relax.engines.http_server import GenerateReq, SamplingParams, build_server, launch_torch_server
 from relax.engines.sglang import EngineClient, EngineError, WeightSync, buckets, connect_engines, sglang_server_args
 from relax.models import build_model
 from relax.trainers import compute_log_probs
@@ -145,9 +145,42 @@ def test_pause_abort_ends_the_in_flight_request(client):
     client.pause("abort")
     t.join(30)
     assert not t.is_alive()
-    assert all(o["meta_info"]["finish_reason"]["type"] == "abort" for o in result["raw"])
+    # sequences that ended before the abort reply as usual (continuous batching, as SGLang); the rest are aborted
+    ends = [o["meta_info"]["finish_reason"]["type"] for o in result["raw"]]
+    assert "abort" in ends and set(ends) <= {"abort", "stop", "length"}
+    assert all(len(o["output_ids"]) < 230 for o in result["raw"] if o["meta_info"]["finish_reason"]["type"] != "stop")
     client.continue_generation()
     assert client.generate(prompts[:1], 2)[0].finish_reason in ("stop", "length")
+
+
+def test_concurrent_requests_decode_in_one_continuous_batch():
+    """Three callers' requests (one greedy, two sampled, different limits) wait while the engine is busy, then join
+    one batch: the engine runs as many forwards as the longest needs (one at a time would take their sum), and the
+    greedy request gets the tokens it gets alone."""
+    server = build_server(MODEL, seed=0)
+    tok = server.tok
+    reqs = [GenerateReq(input_ids=tok.encode("2+2="), sampling_params=SamplingParams(max_new_tokens=12, temperature=0)),
+            GenerateReq(input_ids=tok.encode("5*3="), sampling_params=SamplingParams(max_new_tokens=20)),
+            GenerateReq(input_ids=tok.encode("9-1="), sampling_params=SamplingParams(max_new_tokens=7, top_p=0.9))]
+    replies = [None] * 3
+
+    def call(i):
+        replies[i] = server.generate(reqs[i])
+
+    with server._gen_lock:  # the engine is busy: all three wait for the next batch
+        threads = [threading.Thread(target=call, args=(i,)) for i in range(3)]
+        for t in threads:
+            t.start()
+        deadline = time.time() + 30
+        while len(server._waiting) < 3 and time.time() < deadline:
+            time.sleep(0.005)
+        start = server.forwards
+    for t in threads:
+        t.join(60)
+    lengths = [r["meta_info"]["completion_tokens"] for r in replies]
+    assert all(0 < n <= r.sampling_params.max_new_tokens for n, r in zip(lengths, reqs))
+    assert server.forwards - start == max(lengths)  # one prefill, then a decode step per token of the longest
+    assert server.generate(reqs[0])["output_ids"] == replies[0]["output_ids"]  # greedy: the same alone
 
 
 def test_weight_sync_by_distributed_broadcast_in_buckets(client):

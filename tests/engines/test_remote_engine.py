@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from relax.config import load_config
+from relax.engines.feed import fixed
 from relax.engines.remote import EngineDied, check_engine_available, make_remote_engine, sglang_available
 from relax.engines.torch_engine import TorchEngine
 from relax.models import build_model
@@ -51,12 +52,13 @@ def test_remote_engine_matches_in_process_engine():
             assert len(g.token_ids) == len(g.log_probs) > 0
             ref = _teacher_forced(model, p, g.token_ids, cfg.rollout.temperature)
             torch.testing.assert_close(torch.tensor(g.log_probs), ref, atol=1e-4, rtol=1e-4)
-        # The in-process TorchEngine with the same weights and sampling seed draws the same tokens.
+        # The in-process TorchEngine with the same weights and sampling seed draws the same tokens (the server
+        # batches continuously: one request's prompts join one batch together).
         threads = torch.get_num_threads()
         torch.set_num_threads(1)  # the server runs one thread: same reduction order
         try:
             local = TorchEngine(model, tok, temperature=cfg.rollout.temperature, seed=cfg.seed + 1)
-            mine = local.generate(prompts, 8)
+            mine = [g for _, g in sorted(local.generate_stream(fixed(prompts, 8), max_inflight=len(prompts)))]
         finally:
             torch.set_num_threads(threads)
         for a, b in zip(gens, mine):

@@ -16,8 +16,8 @@ SMALL = ["steps=2", "rollout.prompts_per_step=4", "rollout.group_size=4", "warmu
 
 
 def test_streaming_refuses_what_it_does_not_support():
-    with pytest.raises(ConfigError, match="rollout.max_inflight.*algorithm.dynamic_sampling.enabled"):
-        load_config(ROOT / "experiments/async/cpu.yaml", [*SMALL, "algorithm.dynamic_sampling.enabled=true"])
+    with pytest.raises(ConfigError, match="rollout.max_inflight.*moe.r3"):
+        load_config(ROOT / "experiments/async/cpu.yaml", [*SMALL, "model.kind=tiny_qwen3_moe", "moe.r3=true"])
 
 
 def _run(tmp_path, *overrides):
@@ -47,12 +47,32 @@ def test_streaming_replicas_with_partial_rollout_share_partitions_exactly_once(t
     a row's first token's version, so the gate's s = 1 holds on it; the span is recorded beside it (the emulated
     test in tests/emulate/ has responses long enough for a version to arrive mid-request)."""
     spans = _run(tmp_path, "rollout.replicas=2", "rollout.chunk_groups=2", "rollout.partial=true", "steps=3",
-                 "max_staleness=1")
-    assert len([s for s in spans if s["name"] == "group_done"]) == 12
+                 "max_staleness=1", *DAPO)
+    assert len([s for s in spans if s["name"] == "group_done"]) == 12  # a redrawn group is put once, its last draw
     rows = [json.loads(line) for line in next(tmp_path.rglob("metrics.jsonl")).read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2]
     for r in rows:
         assert r["staleness_max"] <= 1 and 0.0 <= r["partial_rows_share"] <= 1.0 and r["partial_span_max"] >= 0
+    _assert_redrawn(rows)
+
+
+# DAPO redraws under streaming: the tiny model mostly answers wrong, so nearly every group's rewards are all equal
+# and its slot is drawn again (a fresh prompt) before it goes to the bus, up to 3 draws.
+DAPO = ["algorithm.dynamic_sampling.enabled=true", "algorithm.dynamic_sampling.max_batches=3"]
+
+
+def _assert_redrawn(rows):
+    assert sum(r["groups_resampled"] for r in rows) > 0
+    assert all(r["groups_generated"] > 4 if r["groups_resampled"] else r["groups_generated"] == 4 for r in rows)
+    assert all(r["groups_generated"] <= 3 * 4 for r in rows)
+
+
+@pytest.mark.slow
+def test_colocated_streaming_redraws_degenerate_groups(tmp_path):
+    """relax's colocate loop streams its share of each partition (RolloutRole._stream_groups): a degenerate group
+    is drawn again before it is put, and every sample is trained once (`_run` audits)."""
+    _run(tmp_path, "mode=colocate", "max_staleness=0", *DAPO)
+    _assert_redrawn([json.loads(line) for line in next(tmp_path.rglob("metrics.jsonl")).read_text().splitlines()])
 
 
 def test_a_new_stream_claims_at_once_whatever_ended_the_last(monkeypatch):
