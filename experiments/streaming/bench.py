@@ -10,16 +10,25 @@ longest row ends. `continuous`: `generate_stream` with the same number of sequen
 (chunk-groups x group size), a finished row replaced at the next decode step. Reported per way: generated
 tokens/s, the partition's time (its rollout step time) and the time until the first whole group could go to
 the bus. Rounds alternate chunked/continuous/continuous/chunked so both see the same load; ratios are medians
-over rounds. Writes JSON to `--out` (default results/streaming_bench/<time>.json).
+over rounds.
+
+`--runs N` (default 2) then times the whole step: N alternating pairs of real async runs of
+experiments/async/cpu.yaml (`--run-steps` steps, max_new_tokens `--run-max-tokens`), chunked claims against
+`rollout.max_inflight` = the config's chunk (chunk_groups x group_size) in flight. Their lengths are the trained
+tiny model's own (reported as tokens per sample), not the log-normal mix. Reported per way: mean step time,
+tokens/s and the trainer's data-wait share, and the step-time ratio (median over pairs).
+Writes JSON to `--out` (default results/streaming_bench/<time>.json).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import random
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
@@ -76,7 +85,40 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--max", type=int, default=512, help="max_new_tokens: lengths are truncated here")
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds (each runs both ways twice)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads")
+    ap.add_argument("--runs", type=int, default=2, help="alternating pairs of real async runs (0: engine only)")
+    ap.add_argument("--run-steps", type=int, default=12, help="steps of each real run")
+    ap.add_argument("--run-max-tokens", type=int, default=64, help="rollout.max_new_tokens of the real runs")
     ap.add_argument("--out", default=None, help="JSON output (default results/streaming_bench/<time>.json)")
+
+
+CONFIG = Path(__file__).resolve().parents[1] / "async" / "cpu.yaml"
+
+
+def real_runs(args: argparse.Namespace) -> dict:
+    """Alternating pairs of real async runs, chunked against streaming: the whole step, every service running."""
+    import tempfile
+
+    from relax.config import load_config
+    from relax.controller import run_experiment
+
+    base = [f"steps={args.run_steps}", f"rollout.max_new_tokens={args.run_max_tokens}"]
+    cfg = load_config(CONFIG, base)
+    ways = {"chunked": base, "continuous": [*base, f"rollout.max_inflight={cfg.rollout.chunk_groups * cfg.rollout.group_size}"]}
+    runs: dict[str, list[dict]] = {w: [] for w in ways}
+    with tempfile.TemporaryDirectory(prefix="relax-streaming-bench-") as out:
+        for i in range(args.runs):
+            for w in (("chunked", "continuous") if i % 2 == 0 else ("continuous", "chunked")):
+                run_dir, s = run_experiment(load_config(CONFIG, ways[w]), out=out, run=f"{w}-{i}", progress=False)
+                rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+                runs[w].append({"pair": i, "step_time_s": s["mean_step_time_s"], "tokens_per_s": s["tokens_per_s"],
+                                "trainer_wait_share": s["trainer_wait_share"], "samples_lost": s["samples_lost"],
+                                "samples_duplicated": s["samples_duplicated"],
+                                "tokens_per_sample": sum(r["tokens"] for r in rows) / sum(r["samples"] for r in rows)})
+    out = {w: {k: statistics.median(r[k] for r in rs) for k in ("step_time_s", "tokens_per_s", "trainer_wait_share",
+                                                                  "tokens_per_sample")} for w, rs in runs.items()}
+    out["step_time_ratio"] = statistics.median(c["step_time_s"] / k["step_time_s"]
+                                               for k, c in zip(runs["chunked"], runs["continuous"]))
+    return {"summary": out, "runs": runs, "overrides": ways}
 
 
 def main(args: argparse.Namespace) -> int:
@@ -108,6 +150,10 @@ def main(args: argparse.Namespace) -> int:
     summary["first_group_ratio"] = statistics.median(c["first_group_s"] / k["first_group_s"] for k, c in pairs)
     out = {"bench": "streaming", "args": {k: v for k, v in vars(args).items() if k not in ("func", "argv")},
            "summary": summary, "runs": runs, "host_load": load.record}
+    if args.runs:
+        with HostLoad() as run_load:
+            out["real_runs"] = real_runs(args)
+        out["real_runs"]["host_load"] = run_load.record
     path = write_bench(out, "streaming", args.out)
     for w in ways:
         s = summary[w]
@@ -116,4 +162,12 @@ def main(args: argparse.Namespace) -> int:
     print(f"continuous / chunked tokens/s: {summary['speedup_tokens_per_s']:.2f}x (median of {len(pairs)} pairs); "
           f"first group at {summary['first_group_ratio']:.2f}x the time; load {format_host_load(load.record)}; "
           f"wrote {path}")
+    if args.runs:
+        e2e = out["real_runs"]["summary"]
+        for w in ways:
+            x = e2e[w]
+            print(f"real run {w:11s} {x['step_time_s']:.3f} s/step  {x['tokens_per_s']:7.1f} tokens/s  trainer wait "
+                  f"{x['trainer_wait_share']:.0%}  {x['tokens_per_sample']:.1f} tokens/sample")
+        print(f"continuous / chunked step time: {e2e['step_time_ratio']:.2f}x (median of {args.runs} pairs); load "
+              f"{format_host_load(out['real_runs']['host_load'])}")
     return 0

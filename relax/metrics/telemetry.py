@@ -8,6 +8,7 @@ tells a role that waited for a core (wall > cpu) from work that itself grew (cpu
 
 from __future__ import annotations
 
+import threading
 import time
 from contextlib import contextmanager
 
@@ -20,16 +21,22 @@ class SpanRecorder:
         self.telemetry = telemetry
         self.flush_every = flush_every
         self.pending: list[dict] = []
-        self.depth = 0  # spans open in this process: only an outermost one carries `cpu` (no double count)
+        self._lock = threading.Lock()  # a streaming replica records from its put thread too (relax/roles/stream.py)
+        self._depth = threading.local()
+
+    @property
+    def depth(self) -> int:
+        """Spans open in this thread: only an outermost one carries `cpu` (no double count)."""
+        return getattr(self._depth, "n", 0)
 
     @contextmanager
     def span(self, name: str, step: int | None = None, **args):
         t0, c0 = time.time(), time.process_time()
-        self.depth += 1
+        self._depth.n = self.depth + 1
         try:
             yield args
         finally:
-            self.depth -= 1
+            self._depth.n = self.depth - 1
             self.record(name, t0, time.time(), step, cpu=time.process_time() - c0 if self.depth == 0 else 0.0,
                         **args)
 
@@ -37,17 +44,20 @@ class SpanRecorder:
                **args) -> None:
         """A span whose times the caller took (work that overlaps other spans of this process: a streaming
         replica's claims; `cpu` is the caller's to split so that nothing is counted twice)."""
-        self.pending.append({"role": self.role, "name": name, "start": start, "end": end, "step": step,
-                             "cpu": cpu, "args": args})
-        if len(self.pending) >= self.flush_every:
+        with self._lock:
+            self.pending.append({"role": self.role, "name": name, "start": start, "end": end, "step": step,
+                                 "cpu": cpu, "args": args})
+            full = len(self.pending) >= self.flush_every
+        if full:
             self.flush()
 
     def flush(self) -> None:
         """Ship the pending spans and wait until Telemetry holds them. Ray orders calls per caller only: once a
         role's call has returned, the controller (another caller) must find every span it flushed."""
-        if self.pending and self.telemetry is not None:
-            ray.get(self.telemetry.add_spans.remote(self.pending))
-        self.pending = []
+        with self._lock:
+            batch, self.pending = self.pending, []
+        if batch and self.telemetry is not None:
+            ray.get(self.telemetry.add_spans.remote(batch))
 
 
 @ray.remote(num_cpus=0)

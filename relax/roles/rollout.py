@@ -23,7 +23,7 @@ from relax.omni.source import engine_class, make_source
 from relax.emulate import emulator, supervised
 from relax.fault.redelivery import existing_groups
 from relax.roles.base import ModelRole
-from relax.roles.stream import QUIET_S, ClaimFeed
+from relax.roles.stream import QUIET_S, ClaimFeed, Putter
 from relax.tasks import make_task
 
 
@@ -173,8 +173,10 @@ class RolloutRole(ModelRole):
             feed.begin()
             for i, gen in self.engine.generate_stream(feed.feed, r.max_inflight, between):
                 feed.finished(i, gen)
+            feed.putter.drain()  # every finished group on the bus, its claim finished, before the next move
             assert not feed.claims, "the stream ended with requests of an open claim unfinished"
             if feed.stop:
+                feed.putter.close()
                 break
             if feed.next:
                 feed.k += 1
@@ -369,6 +371,12 @@ class RolloutRole(ModelRole):
         attempt = dict.fromkeys(groups, 0)
         todo = deque((g, j) for g in groups for j in range(G))
         requests: list[tuple[int, int]] = []  # request number -> (group, sample)
+        putter = Putter()  # puts travel beside the decoding (relax/roles/stream.py)
+
+        def put_group(g: int, rows: dict) -> None:
+            t0 = time.time()
+            put(rows)
+            self.rec.record("group_done", t0, time.time(), step=k, group=g)
 
         def feed(free: int):
             out = []
@@ -390,8 +398,8 @@ class RolloutRole(ModelRole):
                 attempt[g] += 1
                 todo.extendleft((g, x) for x in reversed(range(G)))
                 continue
-            with self.rec.span("group_done", step=k, group=g):
-                put(self.group_rows(k, g, prompts[g], gens, attempt[g]))
+            putter.submit(put_group, g, self.group_rows(k, g, prompts[g], gens, attempt[g]))
+        putter.close()
 
     # --- colocated mode: the engine's weights are released while training holds the cores -----------
     def sleep(self) -> dict:

@@ -13,6 +13,9 @@ one or two, as slime's and AReaL's engines are refilled.
   its fresh prompt's requests ahead of everything waiting); a claim is finished with the GroupQueue when
   its last group is on the bus. A replica may hold several open claims: on a crash the supervisor hands every
   one of them out again (a claim cut mid-put is flagged maybe_put, as before).
+- The puts travel on a `Putter`'s thread, in order, while the engine decodes on: a put is a few Ray calls (the
+  GroupQueue's putting / landed, the bus; 50-85 ms on 2 loaded cores) once per group, and made in the decode loop
+  it stalled every live sequence for that long at every group's end.
 - `ClaimFeed.next` / `wait` / `stop` say why the feed ran dry, for the replica's loop: enter the next partition
   through the blocking gate, wait for others' open work, or end.
 """
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import ray
 
@@ -29,9 +33,34 @@ from relax.bus.gate import can_start
 QUIET_S = 0.02  # after a claim attempt that found nothing, the feed asks the queue / gate again after this
 
 
+class Putter:
+    """Runs a replica's bus puts (and what must follow them: a claim's finish) on one background thread, in the
+    order given. `submit` raises the error of any put that failed since the last call; `drain` waits for all."""
+
+    def __init__(self):
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="relax-put")
+        self.futures: list[Future] = []
+
+    def submit(self, fn, *args) -> None:
+        self._reap(wait=False)
+        self.futures.append(self.pool.submit(fn, *args))
+
+    def drain(self) -> None:
+        self._reap(wait=True)
+
+    def close(self) -> None:
+        self.drain()
+        self.pool.shutdown()
+
+    def _reap(self, wait: bool) -> None:
+        while self.futures and (wait or self.futures[0].done()):
+            self.futures.pop(0).result()  # in order: a failed put raises here, in the replica's loop
+
+
 class ClaimFeed:
     def __init__(self, role, k: int):
         self.role, self.k = role, k
+        self.putter = Putter()
         self.claims: dict[int, dict] = {}  # cid -> {step, groups, prompts, limits, done, left, t0, put}
         self.buffer: deque = deque()  # (cid, group, sample) not yet given to the engine
         self.requests: list[tuple[int, int, int]] = []  # this stream's request number -> (cid, group, sample)
@@ -119,12 +148,21 @@ class ClaimFeed:
             c["attempt"][g] += 1
             self.buffer.extendleft((cid, g, x) for x in reversed(range(G)))
             return
-        with role.rec.span("group_done", step=j, group=g):
-            c["put"](role.group_rows(j, g, c["prompts"][g], gens, c["attempt"][g]))
+        rows = role.group_rows(j, g, c["prompts"][g], gens, c["attempt"][g])
         c["left"] -= 1
+        cpu = None
         if c["left"] == 0:
             del self.claims[cid]
-            ray.get(role.queue.finish.remote(cid, len(c["groups"])))
             cpu, self.cpu0 = time.process_time() - self.cpu0, time.process_time()  # claims overlap: no double count
+        self.putter.submit(self._put, cid, c, g, rows, cpu)
+
+    def _put(self, cid: int, c: dict, g: int, rows: dict, cpu: float | None) -> None:
+        """On the put thread: group g's rows to the bus; after a claim's last group, the claim is finished."""
+        role, j = self.role, c["step"]
+        t0 = time.time()
+        c["put"](rows)
+        role.rec.record("group_done", t0, time.time(), step=j, group=g)  # its CPU is in the claim's `generate`
+        if cpu is not None:
+            ray.get(role.queue.finish.remote(cid, len(c["groups"])))
             role.rec.record("generate", c["t0"], time.time(), step=j, cpu=cpu, groups=len(c["groups"]),
                             replica=role.replica)
