@@ -103,7 +103,8 @@ def real_runs(args: argparse.Namespace) -> dict:
 
     base = [f"steps={args.run_steps}", f"rollout.max_new_tokens={args.run_max_tokens}"]
     cfg = load_config(CONFIG, base)
-    ways = {"chunked": base, "continuous": [*base, f"rollout.max_inflight={cfg.rollout.chunk_groups * cfg.rollout.group_size}"]}
+    inflight = cfg.rollout.chunk_groups * cfg.rollout.group_size
+    ways = {"chunked": base, "continuous": [*base, f"rollout.max_inflight={inflight}"]}
     runs: dict[str, list[dict]] = {w: [] for w in ways}
     with tempfile.TemporaryDirectory(prefix="relax-streaming-bench-") as out:
         for i in range(args.runs):
@@ -114,8 +115,8 @@ def real_runs(args: argparse.Namespace) -> dict:
                                 "trainer_wait_share": s["trainer_wait_share"], "samples_lost": s["samples_lost"],
                                 "samples_duplicated": s["samples_duplicated"],
                                 "tokens_per_sample": sum(r["tokens"] for r in rows) / sum(r["samples"] for r in rows)})
-    out = {w: {k: statistics.median(r[k] for r in rs) for k in ("step_time_s", "tokens_per_s", "trainer_wait_share",
-                                                                  "tokens_per_sample")} for w, rs in runs.items()}
+    keys = ("step_time_s", "tokens_per_s", "trainer_wait_share", "tokens_per_sample")
+    out = {w: {k: statistics.median(r[k] for r in rs) for k in keys} for w, rs in runs.items()}
     out["step_time_ratio"] = statistics.median(c["step_time_s"] / k["step_time_s"]
                                                for k, c in zip(runs["chunked"], runs["continuous"]))
     return {"summary": out, "runs": runs, "overrides": ways}

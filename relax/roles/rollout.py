@@ -201,27 +201,26 @@ class RolloutRole(ModelRole):
         landed = existing_groups(self.bus, j)
         return [g for g in groups if j * self.cfg.rollout.prompts_per_step + g not in landed]
 
-    def claim_put(self, claim: dict):
-        """`put(rows)` for the rows of one claim: the first put tells the GroupQueue that from here on a crash
-        may leave some of the claim's groups on the bus (maybe_put). A replica a mid_put kill has armed stops after
-        that first put, cut mid-put, until the kill comes (GroupQueue.landed)."""
-        first = []
-
-        def put(rows):
-            if not first:
-                first.append(ray.get(self.queue.putting.remote(claim["cid"])))
-            try:
-                self.bus.put_rows(claim["step"], rows)
-            except PartitionTrained:
-                # Only possible for a claim whose previous holder's put landed (the trainer cannot finish
-                # a partition that lacks these groups): these rows would be duplicates; drop them.
-                if not claim["maybe_put"]:
-                    raise
-            if first[0]:
-                first[0] = False
-                ray.get(self.queue.landed.remote(claim["cid"]))
-
-        return put
+    def put_claims(self, k: int, claims: list[dict], rows: dict) -> None:
+        """Put `rows`, whole groups of partition k from these GroupQueue claims, on the bus in one call. A claim's
+        first put tells the GroupQueue that from here on a crash may leave some of its groups on the bus
+        (maybe_put); a replica a mid_put kill has armed stops after that first put, cut mid-put, until the kill
+        comes (GroupQueue.landed)."""
+        armed = []
+        for c in claims:
+            if not c.get("putting"):
+                c["putting"] = True
+                if ray.get(self.queue.putting.remote(c["cid"])):
+                    armed.append(c)
+        try:
+            self.bus.put_rows(k, rows)
+        except PartitionTrained:
+            # Only possible when every claim here is one whose previous holder's put landed (the trainer cannot
+            # finish a partition that lacks a group): these rows would be duplicates; drop them.
+            if not all(c["maybe_put"] for c in claims):
+                raise
+        for c in armed:
+            ray.get(self.queue.landed.remote(c["cid"]))
 
     def _generate_claim(self, claim: dict) -> None:
         j = claim["step"]
@@ -229,7 +228,7 @@ class RolloutRole(ModelRole):
         self.sync_weights(block=False)
         if groups:
             with self.rec.span("generate", step=j, groups=len(groups), replica=self.replica):
-                self.claim_put(claim)(self._rows(j, groups))
+                self.put_claims(j, [claim], self._rows(j, groups))
         ray.get(self.queue.finish.remote(claim["cid"], len(groups)))
 
     def generate_partition(self, k: int, groups: list[int] | None = None) -> dict:
@@ -339,12 +338,15 @@ class RolloutRole(ModelRole):
         return torch.tensor([float(self.data.score(self.data[i], self.tokenizer.decode(g.token_ids)))
                              for i, g in zip(prompt_idx, gens)])
 
-    def group_rows(self, k: int, g: int, prompt: list[int], gens, attempt: int = 0) -> dict:
-        """The bus rows of group g of partition k from its G generations of draw `attempt` (streaming: one group at
-        a time)."""
+    def groups_rows(self, k: int, items: list[tuple[int, list[int], list, int]]) -> dict:
+        """The bus rows of whole groups of partition k, each item (group, prompt ids, its G generations, the draw
+        `attempt` they are from): streaming puts the groups that finished since its last put."""
         G = self.cfg.rollout.group_size
-        attempts = [attempt + 1] * G if self.cfg.algorithm.dynamic_sampling.enabled else None
-        return self._text_rows(k, [g], [self.prompt_index(k, g, attempt)] * G, [prompt] * G, gens, attempts)
+        ds = self.cfg.algorithm.dynamic_sampling.enabled
+        attempts = [a + 1 for *_, a in items for _ in range(G)] if ds else None
+        prompt_idx = [self.prompt_index(k, g, a) for g, _, _, a in items for _ in range(G)]
+        return self._text_rows(k, [g for g, *_ in items], prompt_idx, [p for _, p, _, _ in items for _ in range(G)],
+                               [x for _, _, gens, _ in items for x in gens], attempts)
 
     def redraw(self, k: int, g: int, attempt: int, gens) -> list[int] | None:
         """DAPO under streaming: the prompt ids of draw attempt + 1 when group g's draw `attempt` is degenerate (every
@@ -371,12 +373,12 @@ class RolloutRole(ModelRole):
         attempt = dict.fromkeys(groups, 0)
         todo = deque((g, j) for g in groups for j in range(G))
         requests: list[tuple[int, int]] = []  # request number -> (group, sample)
-        putter = Putter()  # puts travel beside the decoding (relax/roles/stream.py)
+        def put_groups(_: int, items: list) -> None:
+            put(self.groups_rows(k, [item[:4] for item in items]))
+            for g, *_, ended in items:  # from the group's last sample to its rows on the bus
+                self.rec.record("group_done", ended, time.time(), step=k, group=g)
 
-        def put_group(g: int, rows: dict) -> None:
-            t0 = time.time()
-            put(rows)
-            self.rec.record("group_done", t0, time.time(), step=k, group=g)
+        putter = Putter(put_groups)  # puts travel beside the decoding (relax/roles/stream.py)
 
         def feed(free: int):
             out = []
@@ -398,7 +400,7 @@ class RolloutRole(ModelRole):
                 attempt[g] += 1
                 todo.extendleft((g, x) for x in reversed(range(G)))
                 continue
-            putter.submit(put_group, g, self.group_rows(k, g, prompts[g], gens, attempt[g]))
+            putter.submit(k, (g, prompts[g], gens, attempt[g], time.time()))
         putter.close()
 
     # --- colocated mode: the engine's weights are released while training holds the cores -----------

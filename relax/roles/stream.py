@@ -14,17 +14,17 @@ one or two, as slime's and AReaL's engines are refilled.
   its last group is on the bus. A replica may hold several open claims: on a crash the supervisor hands every
   one of them out again (a claim cut mid-put is flagged maybe_put, as before).
 - The puts travel on a `Putter`'s thread, in order, while the engine decodes on: a put is a few Ray calls (the
-  GroupQueue's putting / landed, the bus; 50-85 ms on 2 loaded cores) once per group, and made in the decode loop
-  it stalled every live sequence for that long at every group's end.
+  GroupQueue's putting / landed, the bus; 50-85 ms on 2 loaded cores), and made in the decode loop it stalled every
+  live sequence for that long at every group's end. Groups that finish while a put travels go out together.
 - `ClaimFeed.next` / `wait` / `stop` say why the feed ran dry, for the replica's loop: enter the next partition
   through the blocking gate, wait for others' open work, or end.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
 
 import ray
 
@@ -34,34 +34,73 @@ QUIET_S = 0.02  # after a claim attempt that found nothing, the feed asks the qu
 
 
 class Putter:
-    """Runs a replica's bus puts (and what must follow them: a claim's finish) on one background thread, in the
-    order given. `submit` raises the error of any put that failed since the last call; `drain` waits for all."""
+    """Puts a replica's finished groups on the bus from one background thread, in order, while the engine decodes
+    on. Every group of one partition that finished while the previous put travelled goes out with the next, in one
+    call: `put_groups(k, items)` on the put thread. With a long tail groups leave one by one, as streaming means;
+    when many end together they leave together, as a chunk would (one bus call, and the downstream services find
+    them together instead of waking once per group). `submit` raises the error of a put that failed since the last
+    call; `drain` waits until everything submitted is put."""
 
-    def __init__(self):
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="relax-put")
-        self.futures: list[Future] = []
+    def __init__(self, put_groups):
+        self.put_groups = put_groups
+        self.items: deque = deque()  # (k, item) not yet taken by the put thread
+        self.busy, self.error, self.closed = False, None, False
+        self.cv = threading.Condition()
+        self.thread = threading.Thread(target=self._loop, name="relax-put", daemon=True)
+        self.thread.start()
 
-    def submit(self, fn, *args) -> None:
-        self._reap(wait=False)
-        self.futures.append(self.pool.submit(fn, *args))
+    def submit(self, k: int, item) -> None:
+        with self.cv:
+            self._raise()
+            self.items.append((k, item))
+            self.cv.notify_all()
 
     def drain(self) -> None:
-        self._reap(wait=True)
+        with self.cv:
+            while self.items or self.busy:
+                self.cv.wait()
+            self._raise()
 
     def close(self) -> None:
         self.drain()
-        self.pool.shutdown()
+        with self.cv:
+            self.closed = True
+            self.cv.notify_all()
+        self.thread.join()
 
-    def _reap(self, wait: bool) -> None:
-        while self.futures and (wait or self.futures[0].done()):
-            self.futures.pop(0).result()  # in order: a failed put raises here, in the replica's loop
+    def _raise(self) -> None:
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error  # in the replica's loop: a failed put ends it, as a put made there would
+
+    def _loop(self) -> None:
+        while True:
+            with self.cv:
+                while not self.items and not self.closed:
+                    self.cv.wait()
+                if not self.items:
+                    return
+                k = self.items[0][0]
+                batch = []
+                while self.items and self.items[0][0] == k:  # one partition per put
+                    batch.append(self.items.popleft()[1])
+                self.busy = True
+            try:
+                self.put_groups(k, batch)
+            except BaseException as e:  # noqa: BLE001 - handed to the replica's loop (submit / drain)
+                with self.cv:
+                    self.error = e
+            finally:
+                with self.cv:
+                    self.busy = False
+                    self.cv.notify_all()
 
 
 class ClaimFeed:
     def __init__(self, role, k: int):
         self.role, self.k = role, k
-        self.putter = Putter()
-        self.claims: dict[int, dict] = {}  # cid -> {step, groups, prompts, limits, done, left, t0, put}
+        self.putter = Putter(self._put)
+        self.claims: dict[int, dict] = {}  # cid -> {claim, step, groups, prompts, limits, done, attempt, left, t0}
         self.buffer: deque = deque()  # (cid, group, sample) not yet given to the engine
         self.requests: list[tuple[int, int, int]] = []  # this stream's request number -> (cid, group, sample)
         self.next = self.wait = self.stop = False
@@ -125,9 +164,9 @@ class ClaimFeed:
         for g in groups:
             prompts[g] = role.tokenizer.encode(role.data[role.prompt_index(j, g, 0)].prompt)
             limits[g] = role.emu.limits(j, [g]) if role.emu is not None else [role.cfg.rollout.max_new_tokens] * G
-        self.claims[claim["cid"]] = {"step": j, "groups": groups, "prompts": prompts, "limits": limits,
-                                     "done": {g: {} for g in groups}, "attempt": dict.fromkeys(groups, 0),
-                                     "left": len(groups), "t0": time.time(), "put": role.claim_put(claim)}
+        self.claims[claim["cid"]] = {"claim": claim, "step": j, "groups": groups, "prompts": prompts,
+                                     "limits": limits, "done": {g: {} for g in groups},
+                                     "attempt": dict.fromkeys(groups, 0), "left": len(groups), "t0": time.time()}
         self.buffer.extend((claim["cid"], g, x) for g in groups for x in range(G))
         return True
 
@@ -148,21 +187,23 @@ class ClaimFeed:
             c["attempt"][g] += 1
             self.buffer.extendleft((cid, g, x) for x in reversed(range(G)))
             return
-        rows = role.group_rows(j, g, c["prompts"][g], gens, c["attempt"][g])
         c["left"] -= 1
         cpu = None
         if c["left"] == 0:
             del self.claims[cid]
             cpu, self.cpu0 = time.process_time() - self.cpu0, time.process_time()  # claims overlap: no double count
-        self.putter.submit(self._put, cid, c, g, rows, cpu)
+        self.putter.submit(j, (c, g, c["prompts"][g], gens, c["attempt"][g], cpu, time.time()))
 
-    def _put(self, cid: int, c: dict, g: int, rows: dict, cpu: float | None) -> None:
-        """On the put thread: group g's rows to the bus; after a claim's last group, the claim is finished."""
-        role, j = self.role, c["step"]
-        t0 = time.time()
-        c["put"](rows)
-        role.rec.record("group_done", t0, time.time(), step=j, group=g)  # its CPU is in the claim's `generate`
-        if cpu is not None:
-            ray.get(role.queue.finish.remote(cid, len(c["groups"])))
-            role.rec.record("generate", c["t0"], time.time(), step=j, cpu=cpu, groups=len(c["groups"]),
-                            replica=role.replica)
+    def _put(self, k: int, items: list) -> None:
+        """On the put thread: these groups of partition k to the bus in one put; then every claim whose last group
+        was among them is finished with the GroupQueue."""
+        role = self.role
+        role.put_claims(k, list({id(c): c["claim"] for c, *_ in items}.values()),
+                        role.groups_rows(k, [(g, prompt, gens, attempt) for _, g, prompt, gens, attempt, *_ in items]))
+        for c, g, *_, ended in items:  # from the group's last sample to its rows on the bus (CPU: in `generate`)
+            role.rec.record("group_done", ended, time.time(), step=k, group=g)
+        for c, *_, cpu, _ in items:
+            if cpu is not None:
+                ray.get(role.queue.finish.remote(c["claim"]["cid"], len(c["groups"])))
+                role.rec.record("generate", c["t0"], time.time(), step=k, cpu=cpu, groups=len(c["groups"]),
+                                replica=role.replica)
