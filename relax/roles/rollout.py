@@ -373,12 +373,11 @@ class RolloutRole(ModelRole):
         attempt = dict.fromkeys(groups, 0)
         todo = deque((g, j) for g in groups for j in range(G))
         requests: list[tuple[int, int]] = []  # request number -> (group, sample)
-        def put_groups(_: int, items: list) -> None:
-            put(self.groups_rows(k, [item[:4] for item in items]))
-            for g, *_, ended in items:  # from the group's last sample to its rows on the bus
-                self.rec.record("group_done", ended, time.time(), step=k, group=g)
+        def put_group(_: int, item: tuple) -> None:
+            put(self.groups_rows(k, [item[:4]]))
+            self.rec.record("group_done", item[4], time.time(), step=k, group=item[0])  # last sample -> on the bus
 
-        putter = Putter(put_groups)  # puts travel beside the decoding (relax/roles/stream.py)
+        putter = Putter(put_group)  # puts travel beside the decoding (relax/roles/stream.py)
 
         def feed(free: int):
             out = []

@@ -15,7 +15,7 @@ one or two, as slime's and AReaL's engines are refilled.
   one of them out again (a claim cut mid-put is flagged maybe_put, as before).
 - The puts travel on a `Putter`'s thread, in order, while the engine decodes on: a put is a few Ray calls (the
   GroupQueue's putting / landed, the bus; 50-85 ms on 2 loaded cores), and made in the decode loop it stalled every
-  live sequence for that long at every group's end. Groups that finish while a put travels go out together.
+  live sequence for that long at every group's end.
 - `ClaimFeed.next` / `wait` / `stop` say why the feed ran dry, for the replica's loop: enter the next partition
   through the blocking gate, wait for others' open work, or end.
 """
@@ -34,15 +34,17 @@ QUIET_S = 0.02  # after a claim attempt that found nothing, the feed asks the qu
 
 
 class Putter:
-    """Puts a replica's finished groups on the bus from one background thread, in order, while the engine decodes
-    on. Every group of one partition that finished while the previous put travelled goes out with the next, in one
-    call: `put_groups(k, items)` on the put thread. With a long tail groups leave one by one, as streaming means;
-    when many end together they leave together, as a chunk would (one bus call, and the downstream services find
-    them together instead of waking once per group). `submit` raises the error of a put that failed since the last
-    call; `drain` waits until everything submitted is put."""
+    """Puts a replica's finished groups on the bus from one background thread, in order, one group a put, while
+    the engine decodes on: `put(k, item)` runs on that thread. `submit` raises the error of a put that failed since
+    the last call; `drain` waits until everything submitted is put.
 
-    def __init__(self, put_groups):
-        self.put_groups = put_groups
+    Groups are not merged into one put: the simulator streams group by group, and merged puts hand the downstream
+    services calls of several groups, which pad to the longest in each micro-batch (relax/trainers/budget.py). On 2
+    CPU cores merging measured 0.66-0.71x the step (fewer calls); in the emulated beyond-the-paper run it went
+    1.27x slower once (two runs, a machine too noisy to settle it). The README's "Streaming rollout" says more."""
+
+    def __init__(self, put):
+        self.put = put
         self.items: deque = deque()  # (k, item) not yet taken by the put thread
         self.busy, self.error, self.closed = False, None, False
         self.cv = threading.Condition()
@@ -80,13 +82,10 @@ class Putter:
                     self.cv.wait()
                 if not self.items:
                     return
-                k = self.items[0][0]
-                batch = []
-                while self.items and self.items[0][0] == k:  # one partition per put
-                    batch.append(self.items.popleft()[1])
+                k, item = self.items.popleft()
                 self.busy = True
             try:
-                self.put_groups(k, batch)
+                self.put(k, item)
             except BaseException as e:  # noqa: BLE001 - handed to the replica's loop (submit / drain)
                 with self.cv:
                     self.error = e
@@ -194,16 +193,14 @@ class ClaimFeed:
             cpu, self.cpu0 = time.process_time() - self.cpu0, time.process_time()  # claims overlap: no double count
         self.putter.submit(j, (c, g, c["prompts"][g], gens, c["attempt"][g], cpu, time.time()))
 
-    def _put(self, k: int, items: list) -> None:
-        """On the put thread: these groups of partition k to the bus in one put; then every claim whose last group
-        was among them is finished with the GroupQueue."""
-        role = self.role
-        role.put_claims(k, list({id(c): c["claim"] for c, *_ in items}.values()),
-                        role.groups_rows(k, [(g, prompt, gens, attempt) for _, g, prompt, gens, attempt, *_ in items]))
-        for c, g, *_, ended in items:  # from the group's last sample to its rows on the bus (CPU: in `generate`)
-            role.rec.record("group_done", ended, time.time(), step=k, group=g)
-        for c, *_, cpu, _ in items:
-            if cpu is not None:
-                ray.get(role.queue.finish.remote(c["claim"]["cid"], len(c["groups"])))
-                role.rec.record("generate", c["t0"], time.time(), step=k, cpu=cpu, groups=len(c["groups"]),
-                                replica=role.replica)
+    def _put(self, k: int, item: tuple) -> None:
+        """On the put thread: one group of partition k to the bus; after its claim's last group, the claim is
+        finished with the GroupQueue."""
+        role, (c, g, prompt, gens, attempt, cpu, ended) = self.role, item
+        role.put_claims(k, [c["claim"]], role.groups_rows(k, [(g, prompt, gens, attempt)]))
+        # from the group's last sample to its rows on the bus (its CPU is in the claim's `generate`)
+        role.rec.record("group_done", ended, time.time(), step=k, group=g)
+        if cpu is not None:
+            ray.get(role.queue.finish.remote(c["claim"]["cid"], len(c["groups"])))
+            role.rec.record("generate", c["t0"], time.time(), step=k, cpu=cpu, groups=len(c["groups"]),
+                            replica=role.replica)

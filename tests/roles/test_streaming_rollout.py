@@ -33,8 +33,8 @@ def _run(tmp_path, *overrides):
 
 @pytest.mark.slow
 def test_groups_stream_to_the_bus_as_they_end(tmp_path):
-    """A run: every group's rows reach the bus once, each recorded from its last sample's end to its landing (groups
-    that end while a put travels share the next put). The order itself is pinned without timing below."""
+    """A run: every group's rows reach the bus once, in a put of its own, each recorded from its last sample's end
+    to its landing. The order itself is pinned without timing below."""
     spans = _run(tmp_path)
     for k in (0, 1):
         done = [s for s in spans if s["name"] == "group_done" and s["args"]["step"] == k]
@@ -164,31 +164,32 @@ def test_a_replica_refills_its_engine_across_claims_and_partitions(tmp_path):
     assert min(s["ts"] for s in claims if s["args"]["step"] == 1) < last_0
 
 
-def test_the_putter_sends_what_finished_during_a_put_together_in_order_one_partition_a_put():
-    """Putter (relax/roles/stream.py): groups submitted while a put travels go out with the next put, in order, never
-    two partitions in one put; a failed put is raised in the replica's loop (the next submit or drain)."""
+def test_the_putter_puts_in_order_off_the_decode_loop_and_raises_a_failed_put_in_the_loop():
+    """Putter (relax/roles/stream.py): groups submitted while a put travels wait for it and go out one a put, in
+    order; a failed put is raised in the replica's loop (the next submit or drain)."""
     import threading
 
     from relax.roles.stream import Putter
 
     calls, release = [], threading.Event()
 
-    def put_groups(k, items):
-        calls.append((k, list(items)))
-        if items == ["boom"]:
+    def put(k, item):
+        calls.append((k, item))
+        if item == "boom":
             raise RuntimeError("bus down")
         release.wait(10)
 
-    putter = Putter(put_groups)
+    putter = Putter(put)
     putter.submit(0, "a")  # taken at once; its put blocks until released
     deadline = time.time() + 10
     while not calls and time.time() < deadline:
         time.sleep(0.001)
-    for k, item in [(0, "b"), (0, "c"), (1, "d"), (0, "e")]:
-        putter.submit(k, item)
+    for k, item in [(0, "b"), (0, "c"), (1, "d")]:
+        putter.submit(k, item)  # returns at once: the caller (the decode loop) never waits for a put
+    assert calls == [(0, "a")]
     release.set()
     putter.drain()
-    assert calls == [(0, ["a"]), (0, ["b", "c"]), (1, ["d"]), (0, ["e"])]
+    assert calls == [(0, "a"), (0, "b"), (0, "c"), (1, "d")]
     putter.submit(2, "boom")
     with pytest.raises(RuntimeError, match="bus down"):
         putter.drain()
