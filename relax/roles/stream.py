@@ -40,8 +40,9 @@ class Putter:
 
     Groups are not merged into one put: the simulator streams group by group, and merged puts hand the downstream
     services calls of several groups, which pad to the longest in each micro-batch (relax/trainers/budget.py). On 2
-    CPU cores merging measured 0.66-0.71x the step (fewer calls); in the emulated beyond-the-paper run it went
-    1.27x slower once (two runs, a machine too noisy to settle it). The README's "Streaming rollout" says more."""
+    CPU cores merging measured 0.66-0.71x the step (fewer calls); in the emulated beyond-the-paper run it was not
+    faster (325 and 327 s a step against 257-335 without, on a machine too noisy to settle it). The README's
+    "Streaming rollout" says more."""
 
     def __init__(self, put):
         self.put = put
