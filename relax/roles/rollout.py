@@ -201,26 +201,23 @@ class RolloutRole(ModelRole):
         landed = existing_groups(self.bus, j)
         return [g for g in groups if j * self.cfg.rollout.prompts_per_step + g not in landed]
 
-    def put_claims(self, k: int, claims: list[dict], rows: dict) -> None:
-        """Put `rows`, whole groups of partition k from these GroupQueue claims, on the bus in one call. A claim's
-        first put tells the GroupQueue that from here on a crash may leave some of its groups on the bus
-        (maybe_put); a replica a mid_put kill has armed stops after that first put, cut mid-put, until the kill
-        comes (GroupQueue.landed)."""
-        armed = []
-        for c in claims:
-            if not c.get("putting"):
-                c["putting"] = True
-                if ray.get(self.queue.putting.remote(c["cid"])):
-                    armed.append(c)
+    def put_claim(self, claim: dict, rows: dict) -> None:
+        """Put `rows`, whole groups of a GroupQueue claim, on the bus. The claim's first put tells the GroupQueue
+        that from here on a crash may leave some of its groups on the bus (maybe_put); a replica a mid_put kill has
+        armed stops after that first put, cut mid-put, until the kill comes (GroupQueue.landed)."""
+        armed = False
+        if not claim.get("putting"):
+            claim["putting"] = True
+            armed = ray.get(self.queue.putting.remote(claim["cid"]))
         try:
-            self.bus.put_rows(k, rows)
+            self.bus.put_rows(claim["step"], rows)
         except PartitionTrained:
-            # Only possible when every claim here is one whose previous holder's put landed (the trainer cannot
-            # finish a partition that lacks a group): these rows would be duplicates; drop them.
-            if not all(c["maybe_put"] for c in claims):
+            # Only possible for a claim whose previous holder's put landed (the trainer cannot finish a partition
+            # that lacks these groups): these rows would be duplicates; drop them.
+            if not claim["maybe_put"]:
                 raise
-        for c in armed:
-            ray.get(self.queue.landed.remote(c["cid"]))
+        if armed:
+            ray.get(self.queue.landed.remote(claim["cid"]))
 
     def _generate_claim(self, claim: dict) -> None:
         j = claim["step"]
@@ -228,7 +225,7 @@ class RolloutRole(ModelRole):
         self.sync_weights(block=False)
         if groups:
             with self.rec.span("generate", step=j, groups=len(groups), replica=self.replica):
-                self.put_claims(j, [claim], self._rows(j, groups))
+                self.put_claim(claim, self._rows(j, groups))
         ray.get(self.queue.finish.remote(claim["cid"], len(groups)))
 
     def generate_partition(self, k: int, groups: list[int] | None = None) -> dict:
@@ -286,16 +283,13 @@ class RolloutRole(ModelRole):
                 encoded[idx] = self.tokenizer.encode(self.data[idx].prompt)
             return encoded[idx]
 
-        def score(idx: int, gen) -> float:
-            return float(self.data.score(self.data[idx], self.tokenizer.decode(gen.token_ids)))
-
         # DAPO dynamic sampling: redraw groups whose rule-based rewards are all equal, up to max_batches draws
         # per slot. A GenRM reward is not known here, so with it groups are only marked (no redraw).
         refill = ds.enabled and self.cfg.task.reward != "genrm"
         drawn = sample_informative_groups(
             groups, lambda g, a: self.prompt_index(k, g, a),
             lambda idxs: self.engine.generate([encode(i) for i in idxs], r.max_new_tokens),
-            score if refill else (lambda idx, gen: 0.0), G, ds.max_batches if refill else 1)
+            self.rule_reward if refill else (lambda idx, gen: 0.0), G, ds.max_batches if refill else 1)
         prompt_idx = [drawn[g].prompt for g in groups for _ in range(G)]
         gens = [o for g in groups for o in drawn[g].outputs]
         attempts = [drawn[g].attempts for g in groups for _ in range(G)] if ds.enabled else None
@@ -338,15 +332,16 @@ class RolloutRole(ModelRole):
         return torch.tensor([float(self.data.score(self.data[i], self.tokenizer.decode(g.token_ids)))
                              for i, g in zip(prompt_idx, gens)])
 
-    def groups_rows(self, k: int, items: list[tuple[int, list[int], list, int]]) -> dict:
-        """The bus rows of whole groups of partition k, each item (group, prompt ids, its G generations, the draw
-        `attempt` they are from): streaming puts the groups that finished since its last put."""
+    def group_rows(self, k: int, g: int, prompt: list[int], gens, attempt: int = 0) -> dict:
+        """The bus rows of group g of partition k from its G generations of draw `attempt` (streaming: one group at
+        a time)."""
         G = self.cfg.rollout.group_size
-        ds = self.cfg.algorithm.dynamic_sampling.enabled
-        attempts = [a + 1 for *_, a in items for _ in range(G)] if ds else None
-        prompt_idx = [self.prompt_index(k, g, a) for g, _, _, a in items for _ in range(G)]
-        return self._text_rows(k, [g for g, *_ in items], prompt_idx, [p for _, p, _, _ in items for _ in range(G)],
-                               [x for _, _, gens, _ in items for x in gens], attempts)
+        attempts = [attempt + 1] * G if self.cfg.algorithm.dynamic_sampling.enabled else None
+        return self._text_rows(k, [g], [self.prompt_index(k, g, attempt)] * G, [prompt] * G, gens, attempts)
+
+    def rule_reward(self, idx: int, gen) -> float:
+        """The task's rule reward of generation `gen` for task item `idx` (DAPO's redraw test)."""
+        return float(self.data.score(self.data[idx], self.tokenizer.decode(gen.token_ids)))
 
     def redraw(self, k: int, g: int, attempt: int, gens) -> list[int] | None:
         """DAPO under streaming: the prompt ids of draw attempt + 1 when group g's draw `attempt` is degenerate (every
@@ -356,8 +351,7 @@ class RolloutRole(ModelRole):
         if not ds.enabled or self.cfg.task.reward == "genrm" or self.emu is not None or attempt + 1 >= ds.max_batches:
             return None
         idx = self.prompt_index(k, g, attempt)
-        rewards = {float(self.data.score(self.data[idx], self.tokenizer.decode(x.token_ids))) for x in gens}
-        if len(rewards) > 1:
+        if len({self.rule_reward(idx, x) for x in gens}) > 1:
             return None
         return self.tokenizer.encode(self.data[self.prompt_index(k, g, attempt + 1)].prompt)
 
@@ -368,14 +362,16 @@ class RolloutRole(ModelRole):
         G = r.group_size
         groups = list(groups)
         prompts = {g: self.tokenizer.encode(self.data[self.prompt_index(k, g, 0)].prompt) for g in groups}
-        limits = dict(zip(groups, self.emu.limits(k, groups))) if self.emu is not None else {}
+        limits = {g: self.emu.limits(k, [g]) for g in groups} if self.emu is not None else {}
         done: dict[int, dict[int, object]] = {g: {} for g in groups}
         attempt = dict.fromkeys(groups, 0)
         todo = deque((g, j) for g in groups for j in range(G))
         requests: list[tuple[int, int]] = []  # request number -> (group, sample)
+
         def put_group(_: int, item: tuple) -> None:
-            put(self.groups_rows(k, [item[:4]]))
-            self.rec.record("group_done", item[4], time.time(), step=k, group=item[0])  # last sample -> on the bus
+            g, prompt, gens, a, ended = item
+            put(self.group_rows(k, g, prompt, gens, a))
+            self.rec.record("group_done", ended, time.time(), step=k, group=g)  # from its last sample to the bus
 
         putter = Putter(put_group)  # puts travel beside the decoding (relax/roles/stream.py)
 

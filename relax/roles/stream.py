@@ -198,7 +198,7 @@ class ClaimFeed:
         """On the put thread: one group of partition k to the bus; after its claim's last group, the claim is
         finished with the GroupQueue."""
         role, (c, g, prompt, gens, attempt, cpu, ended) = self.role, item
-        role.put_claims(k, [c["claim"]], role.groups_rows(k, [(g, prompt, gens, attempt)]))
+        role.put_claim(c["claim"], role.group_rows(k, g, prompt, gens, attempt))
         # from the group's last sample to its rows on the bus (its CPU is in the claim's `generate`)
         role.rec.record("group_done", ended, time.time(), step=k, group=g)
         if cpu is not None:

@@ -61,8 +61,8 @@ def test_a_group_is_on_the_bus_before_the_slowest_group_of_its_claim_ends(monkey
         tokenizer=types.SimpleNamespace(encode=lambda text: [1, 2]), data=[types.SimpleNamespace(prompt="1+1=")] * 64,
         prompt_index=lambda k, g, attempt: g, groups_to_generate=lambda c: c["groups"],
         redraw=lambda k, g, attempt, gens: None, rec=types.SimpleNamespace(record=lambda *a, **kw: None),
-        groups_rows=lambda k, items: [g for g, *_ in items],
-        put_claims=lambda k, cs, rows: log.append(("put", k, [c["cid"] for c in cs], rows)))
+        group_rows=lambda k, g, prompt, gens, attempt: [g],
+        put_claim=lambda c, rows: log.append(("put", c["step"], [c["cid"]], rows)))
     feed = stream.ClaimFeed(role, 0)
     feed.begin()
     assert len(feed.feed(8)) == 8  # both groups' 4 samples in flight
@@ -194,3 +194,36 @@ def test_the_putter_puts_in_order_off_the_decode_loop_and_raises_a_failed_put_in
     with pytest.raises(RuntimeError, match="bus down"):
         putter.drain()
     putter.close()
+
+
+def test_the_colocate_share_streams_each_sample_at_its_own_limit_and_redraws_ahead_of_the_rest():
+    """RolloutRole._stream_groups (the colocate loop's share), the engine played by a fake that finishes requests in
+    the order it got them: each request carries its own sample's limit (emulated: the modelled length of that
+    group's sample), a degenerate group's redraw goes to the engine before the groups still waiting, and each group
+    is put once, from its last draw."""
+    import types
+
+    from relax.roles.rollout import RolloutRole
+
+    G, given, puts = 2, [], []
+
+    class Engine:
+        def generate_stream(self, feed, max_inflight):
+            number = 0
+            while batch := feed(1):  # one slot: the order the feed hands requests out is the order they run
+                given.extend(batch)
+                yield number, f"gen{number}"
+                number += 1
+
+    cfg = load_config(ROOT / "experiments/async/cpu.yaml", [*SMALL, "rollout.group_size=2"])
+    fake = types.SimpleNamespace(
+        cfg=cfg, engine=Engine(), tokenizer=types.SimpleNamespace(encode=lambda text: [len(text)]),
+        data=[types.SimpleNamespace(prompt="x" * (i + 1)) for i in range(64)],
+        prompt_index=lambda k, g, attempt: 10 * attempt + g,  # prompt ids [10 * attempt + g + 1]
+        emu=types.SimpleNamespace(limits=lambda k, gs: [100 * g + j for g in gs for j in range(G)]),
+        redraw=lambda k, g, attempt, gens: [10 * (attempt + 1) + g + 1] if (g, attempt) == (0, 0) else None,
+        group_rows=lambda k, g, prompt, gens, attempt: (g, prompt, gens, attempt),
+        rec=types.SimpleNamespace(record=lambda *a, **kw: None))
+    RolloutRole.__ray_actor_class__._stream_groups(fake, 0, [0, 1], puts.append)
+    assert given == [([1], 0), ([1], 1), ([11], 0), ([11], 1), ([2], 100), ([2], 101)]
+    assert puts == [(0, [11], ["gen2", "gen3"], 1), (1, [2], ["gen4", "gen5"], 0)]
